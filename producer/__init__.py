@@ -1,0 +1,18 @@
+"""The request side of tokenq: Python clients (sync and asyncio), gateway, dashboard."""
+
+from producer.aio import AsyncClient, AsyncHandle
+from producer.client import Client, Handle
+from shared.errors import InvalidRequest, NotFound, QueueFull, RequestTimeout
+from shared.priority import Priority
+
+__all__ = [
+    "AsyncClient",
+    "AsyncHandle",
+    "Client",
+    "Handle",
+    "InvalidRequest",
+    "NotFound",
+    "Priority",
+    "QueueFull",
+    "RequestTimeout",
+]

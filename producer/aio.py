@@ -1,0 +1,137 @@
+"""The asyncio client: the same surface as ``producer.Client``, awaitable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import redis.asyncio
+
+from producer.requests import build_request, validate_request
+from shared.errors import NotFound, RequestTimeout
+from shared.keys import Keys, new_request_id, tag_of
+from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
+from shared.records import (
+    RESULT_FIELDS,
+    STATUS_FIELDS,
+    decode_hash,
+    result_from_hash,
+    status_from_hash,
+    stream_event,
+)
+from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
+from shared.settings import Settings, get_settings
+
+BLOCK_MS = 2_000
+
+
+class AsyncClient:
+    """Talks to tokenq through Redis with redis.asyncio."""
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        connection: redis.asyncio.Redis | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.redis = connection or redis.asyncio.Redis.from_url(
+            redis_url or self.settings.redis_url
+        )
+        self.keys = Keys(self.settings.namespace)
+        self._scripts = AsyncScripts(self.redis)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def submit(self, prompt: str | None = None, **kwargs: Any) -> AsyncHandle:
+        return await self.submit_request(build_request(self.settings, prompt, **kwargs))
+
+    async def submit_request(self, request: GenerationRequest | Mapping[str, Any]) -> AsyncHandle:
+        return (await self.submit_many([request]))[0]
+
+    async def submit_many(
+        self, requests: Iterable[GenerationRequest | Mapping[str, Any]]
+    ) -> list[AsyncHandle]:
+        reqs = [validate_request(self.settings, r) for r in requests]
+        pipe = self.redis.pipeline(transaction=False)
+        for req in reqs:
+            call = enqueue_call(self.keys, self.settings, new_request_id(req.model), req)
+            await self._scripts.run(call, pipe)
+        replies = await pipe.execute(raise_on_error=True)
+        return [
+            AsyncHandle(self, parse_enqueue(reply, req.model, self.settings).request_id)
+            for reply, req in zip(replies, reqs, strict=True)
+        ]
+
+    def handle(self, request_id: str) -> AsyncHandle:
+        tag_of(request_id)
+        return AsyncHandle(self, request_id)
+
+
+class AsyncHandle:
+    def __init__(self, client: AsyncClient, request_id: str) -> None:
+        self.client = client
+        self.id = request_id
+
+    def __repr__(self) -> str:
+        return f"AsyncHandle({self.id!r})"
+
+    async def status(self) -> RequestStatus:
+        r, keys = self.client.redis, self.client.keys
+        pipe = r.pipeline(transaction=False)
+        pipe.hmget(keys.request(self.id), STATUS_FIELDS)
+        pipe.zrank(keys.queue(tag_of(self.id)), self.id)
+        raw, rank = await pipe.execute()
+        return status_from_hash(self.id, decode_hash(raw, STATUS_FIELDS), rank)
+
+    async def position(self) -> int | None:
+        rank = await self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
+        return None if rank is None else int(rank)
+
+    async def cancel(self) -> str:
+        c = self.client
+        reply = await c._scripts.run(cancel_call(c.keys, c.settings, self.id))
+        if reply in (b"missing", "missing"):
+            raise NotFound(f"request {self.id} does not exist (or has expired)")
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    async def stream(self, after: str = "0-0") -> AsyncIterator[StreamEvent]:
+        cursor = after
+        while True:
+            entries = await self._read(cursor)
+            for entry_id, fields in entries:
+                event = stream_event(entry_id, fields)
+                cursor = event.id
+                yield event
+                if isinstance(event.event, FinalEvent):
+                    return
+            if not entries:
+                await self.status()
+
+    async def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[Any]:
+        key = self.client.keys.stream(self.id)
+        reply = await self.client.redis.xread({key: cursor}, block=block_ms, count=512)
+        return reply[0][1] if reply else []
+
+    async def result(self, timeout: float | None = None) -> Result:
+        give_up = None if timeout is None else time.monotonic() + timeout
+        cursor = "0-0"
+        while True:
+            raw = await self.client.redis.hmget(self.client.keys.request(self.id), RESULT_FIELDS)
+            result = result_from_hash(self.id, decode_hash(raw, RESULT_FIELDS))
+            if result is not None:
+                return result
+            left_ms = BLOCK_MS if give_up is None else int((give_up - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise RequestTimeout(f"request {self.id} did not finish within {timeout}s")
+            entries = await self._read(cursor, max(1, min(left_ms, BLOCK_MS)))
+            cursor = entries[-1][0] if entries else cursor

@@ -1,0 +1,142 @@
+"""The synchronous Python client: submit requests, stream tokens, read results."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import redis
+
+from producer.requests import build_request, validate_request
+from shared.errors import NotFound, RequestTimeout
+from shared.keys import Keys, new_request_id, tag_of
+from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
+from shared.records import (
+    RESULT_FIELDS,
+    STATUS_FIELDS,
+    decode_hash,
+    result_from_hash,
+    status_from_hash,
+    stream_event,
+)
+from shared.scripts import Scripts, cancel_call, enqueue_call, parse_enqueue
+from shared.settings import Settings, get_settings
+
+BLOCK_MS = 2_000
+
+
+class Client:
+    """Talks to tokenq through Redis. ``Client()`` reads ``TOKENQ_REDIS_URL``."""
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        connection: redis.Redis | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.redis = connection or redis.Redis.from_url(redis_url or self.settings.redis_url)
+        self.keys = Keys(self.settings.namespace)
+        self._scripts = Scripts(self.redis)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def submit(self, prompt: str | None = None, **kwargs: Any) -> Handle:
+        """Enqueue one request; see ``producer.requests.build_request`` for arguments."""
+        return self.submit_request(build_request(self.settings, prompt, **kwargs))
+
+    def submit_request(self, request: GenerationRequest | Mapping[str, Any]) -> Handle:
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: Iterable[GenerationRequest | Mapping[str, Any]]) -> list[Handle]:
+        """Validate all, then enqueue all in one round trip. A full queue raises QueueFull
+        for the first request that did not fit; the ones before it stay accepted."""
+        reqs = [validate_request(self.settings, r) for r in requests]
+        pipe = self.redis.pipeline(transaction=False)
+        for req in reqs:
+            self._scripts.run(enqueue_call(self.keys, self.settings, new_request_id(req.model), req), pipe)
+        replies = pipe.execute(raise_on_error=True)
+        return [self._handle(reply, req) for reply, req in zip(replies, reqs, strict=True)]
+
+    def _handle(self, reply: list[Any], req: GenerationRequest) -> Handle:
+        return Handle(self, parse_enqueue(reply, req.model, self.settings).request_id)
+
+    def handle(self, request_id: str) -> Handle:
+        tag_of(request_id)  # validates the id before it becomes a key
+        return Handle(self, request_id)
+
+
+class Handle:
+    """One submitted request."""
+
+    def __init__(self, client: Client, request_id: str) -> None:
+        self.client = client
+        self.id = request_id
+
+    def __repr__(self) -> str:
+        return f"Handle({self.id!r})"
+
+    def status(self) -> RequestStatus:
+        r, keys = self.client.redis, self.client.keys
+        pipe = r.pipeline(transaction=False)
+        pipe.hmget(keys.request(self.id), STATUS_FIELDS)
+        pipe.zrank(keys.queue(tag_of(self.id)), self.id)
+        raw, rank = pipe.execute()
+        return status_from_hash(self.id, decode_hash(raw, STATUS_FIELDS), rank)
+
+    def position(self) -> int | None:
+        """Requests ahead of this one in its queue (0: next), or None once claimed."""
+        rank = self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
+        return None if rank is None else int(rank)
+
+    def cancel(self) -> str:
+        """'cancelled' (was queued), 'requested' (running: stops within a step),
+        'done' (had already ended)."""
+        c = self.client
+        reply = c._scripts.run(cancel_call(c.keys, c.settings, self.id))
+        if reply in (b"missing", "missing"):
+            raise NotFound(f"request {self.id} does not exist (or has expired)")
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def stream(self, after: str = "0-0") -> Iterator[StreamEvent]:
+        """Token events as they arrive, then the final event; resume with ``after``."""
+        cursor = after
+        while True:
+            entries = self._read(cursor)
+            for entry_id, fields in entries:
+                event = stream_event(entry_id, fields)
+                cursor = event.id
+                yield event
+                if isinstance(event.event, FinalEvent):
+                    return
+            if not entries:
+                self.status()  # raises NotFound if the request is gone
+
+    def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[Any]:
+        key = self.client.keys.stream(self.id)
+        reply = self.client.redis.xread({key: cursor}, block=block_ms, count=512)
+        return reply[0][1] if reply else []
+
+    def result(self, timeout: float | None = None) -> Result:
+        """Wait for the request to end and return its result."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        cursor = "0-0"
+        while True:
+            raw = self.client.redis.hmget(self.client.keys.request(self.id), RESULT_FIELDS)
+            result = result_from_hash(self.id, decode_hash(raw, RESULT_FIELDS))
+            if result is not None:
+                return result
+            left_ms = BLOCK_MS if give_up is None else int((give_up - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise RequestTimeout(f"request {self.id} did not finish within {timeout}s")
+            entries = self._read(cursor, max(1, min(left_ms, BLOCK_MS)))
+            cursor = entries[-1][0] if entries else cursor

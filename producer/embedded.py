@@ -1,0 +1,89 @@
+"""A Redis for ``tokenq up``: a real ``redis-server`` when one is installed, else
+fakeredis's in-process TCP server (with Lua), so a fresh machine needs nothing."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EmbeddedRedis:
+    """A Redis on a free loopback port; ``kind`` says which one."""
+
+    port: int = field(default_factory=free_port)
+    kind: str = ""
+    _process: subprocess.Popen[bytes] | None = None
+    _fake: object | None = None
+    _dir: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> EmbeddedRedis:
+        if shutil.which("redis-server"):
+            self._start_server()
+        else:
+            self._start_fake()
+        wait_for_redis(self.url)
+        return self
+
+    def _start_server(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="tokenq-redis-")
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", self._dir, "--appendonly", "yes", "--appendfsync", "everysec",
+                "--maxmemory-policy", "noeviction", "--save", ""]  # fmt: skip
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        self.kind = "redis-server"
+
+    def _start_fake(self) -> None:
+        from fakeredis import TcpFakeServer
+
+        server = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._fake = server
+        self.kind = "fakeredis (in-process; install redis-server for a real one)"
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+        if self._fake is not None:
+            self._fake.shutdown()  # type: ignore[attr-defined]
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    client = redis.Redis.from_url(url)
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.05)
+        finally:
+            client.close()
+
+
+def up_state_file() -> Path:
+    return Path.home() / ".cache" / "tokenq" / "up.url"

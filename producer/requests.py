@@ -1,0 +1,80 @@
+"""Building and validating a submit, shared by the sync and asyncio clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from shared.errors import InvalidRequest
+from shared.models import ChatMessage, GenerationRequest, MetadataValue
+from shared.settings import Settings
+
+Messages = Sequence[ChatMessage | Mapping[str, str]]
+
+
+def build_request(
+    settings: Settings,
+    prompt: str | None = None,
+    *,
+    messages: Messages | None = None,
+    model: str | None = None,
+    priority: int | str = "normal",
+    deadline: float | datetime | None = None,
+    idempotency_key: str | None = None,
+    metadata: Mapping[str, MetadataValue] | None = None,
+    **sampling: Any,
+) -> GenerationRequest:
+    """A validated request from ``submit``'s arguments; ``deadline`` is seconds from now
+    or an aware datetime. Raises InvalidRequest saying which field was wrong."""
+    fields = {
+        "model": model or settings.default_model,
+        "prompt": prompt,
+        "messages": messages,
+        "priority": priority,
+        "sampling": sampling,
+        "deadline_ms": _deadline_ms(deadline),
+        "idempotency_key": idempotency_key,
+        "metadata": dict(metadata or {}),
+    }
+    return validate_request(settings, fields)
+
+
+def validate_request(settings: Settings, data: GenerationRequest | Mapping[str, Any]) -> GenerationRequest:
+    try:
+        req = data if isinstance(data, GenerationRequest) else GenerationRequest.model_validate(data)
+    except ValidationError as e:
+        raise InvalidRequest(describe_validation_error(e)) from e
+    if req.prompt_chars() > settings.max_prompt_chars:
+        raise InvalidRequest(
+            f"prompt is {req.prompt_chars()} characters, over the limit of "
+            f"{settings.max_prompt_chars} (TOKENQ_MAX_PROMPT_CHARS)"
+        )
+    return req
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem: the field's dotted path and what was wrong with it."""
+    lines = []
+    for item in error.errors(include_url=False):
+        path = ".".join(str(p) for p in item["loc"]) or "request"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = f"unknown field {item['loc'][-1]!r}"
+        lines.append(f"{path}: {message}")
+    return "invalid request: " + "; ".join(lines)
+
+
+def _deadline_ms(deadline: float | datetime | None) -> int | None:
+    if deadline is None:
+        return None
+    if isinstance(deadline, datetime):
+        if deadline.tzinfo is None:
+            raise InvalidRequest("deadline: use a timezone-aware datetime")
+        return int(deadline.timestamp() * 1000)
+    if deadline <= 0:
+        raise InvalidRequest(f"deadline: must be a positive number of seconds, got {deadline}")
+    return int((time.time() + deadline) * 1000)

@@ -1,0 +1,46 @@
+"""tokenq's wire protocol: models, key names, Lua scripts, settings and errors."""
+
+from shared.errors import (
+    DuplicateRequest,
+    InvalidRequest,
+    LeaseLost,
+    NotFound,
+    QueueFull,
+    TokenqError,
+)
+from shared.models import (
+    ChatMessage,
+    FinalEvent,
+    FinishReason,
+    GenerationRequest,
+    RequestState,
+    Result,
+    SamplingParams,
+    StreamEvent,
+    Timings,
+    TokenEvent,
+    Usage,
+)
+from shared.priority import Priority, parse_priority
+
+__all__ = [
+    "ChatMessage",
+    "DuplicateRequest",
+    "FinalEvent",
+    "FinishReason",
+    "GenerationRequest",
+    "InvalidRequest",
+    "LeaseLost",
+    "NotFound",
+    "Priority",
+    "QueueFull",
+    "RequestState",
+    "Result",
+    "SamplingParams",
+    "StreamEvent",
+    "Timings",
+    "TokenEvent",
+    "TokenqError",
+    "Usage",
+    "parse_priority",
+]

@@ -1,0 +1,45 @@
+"""Typed errors shared by every part. Messages say what was wrong and what to do."""
+
+
+class TokenqError(Exception):
+    """Base of every error tokenq raises on purpose."""
+
+
+class InvalidRequest(TokenqError, ValueError):
+    """A request or a stored payload failed validation."""
+
+
+class QueueFull(TokenqError):
+    """The model's queue is at its bound; retry later."""
+
+    def __init__(self, model: str, max_queued: int, retry_after_s: float = 1.0) -> None:
+        super().__init__(
+            f"queue for model {model!r} is full ({max_queued} requests waiting); "
+            f"retry in {retry_after_s:g}s or raise TOKENQ_MAX_QUEUED"
+        )
+        self.model = model
+        self.max_queued = max_queued
+        self.retry_after_s = retry_after_s
+
+
+class DuplicateRequest(TokenqError):
+    """An idempotency key matched an earlier request (carries its id)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"idempotency key already used by request {request_id}")
+        self.request_id = request_id
+
+
+class NotFound(TokenqError, KeyError):
+    """No such request (never existed, or expired)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "not found"
+
+
+class LeaseLost(TokenqError):
+    """A worker tried to act on a request whose lease it no longer holds."""
+
+
+class RequestTimeout(TokenqError, TimeoutError):
+    """Waiting for a result took longer than the caller allowed."""

@@ -1,0 +1,88 @@
+"""All Redis key names, in one place.
+
+Every key a script touches for a model carries that model's hash tag, so scripts
+run on Redis Cluster too. A request id starts with its model's tag, so any
+process can find a request's keys from its id alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+
+from shared.errors import InvalidRequest
+
+TAG_CHARS = 8
+REQUEST_ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{24})$")
+
+
+def model_tag(model: str) -> str:
+    """A short stable tag for a model name (the Redis Cluster hash tag)."""
+    return hashlib.sha1(model.encode()).hexdigest()[:TAG_CHARS]
+
+
+def new_request_id(model: str) -> str:
+    return f"{model_tag(model)}-{secrets.token_hex(12)}"
+
+
+def tag_of(request_id: str) -> str:
+    """The model tag of a request id; raises InvalidRequest for anything malformed."""
+    match = REQUEST_ID_RE.match(request_id)
+    if match is None:
+        raise InvalidRequest(
+            f"malformed request id {request_id!r}: expected 8 hex, '-', 24 hex characters"
+        )
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class Keys:
+    namespace: str = "tokenq"
+
+    def _q(self, tag: str, name: str) -> str:
+        return f"{self.namespace}:{{{tag}}}:{name}"
+
+    # Per model queue (all share the tag).
+    def queue(self, tag: str) -> str:
+        return self._q(tag, "queue")
+
+    def seq(self, tag: str) -> str:
+        return self._q(tag, "seq")
+
+    def leases(self, tag: str) -> str:
+        return self._q(tag, "leases")
+
+    def owners(self, tag: str) -> str:
+        return self._q(tag, "owners")
+
+    def dead(self, tag: str) -> str:
+        return self._q(tag, "dead")
+
+    def wakeup(self, tag: str) -> str:
+        return self._q(tag, "wakeup")
+
+    def idempotency(self, tag: str, key: str) -> str:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._q(tag, f"idem:{digest}")
+
+    # Per request (tag taken from the id).
+    def request(self, request_id: str) -> str:
+        return self._q(tag_of(request_id), f"req:{request_id}")
+
+    def stream(self, request_id: str) -> str:
+        return self._q(tag_of(request_id), f"stream:{request_id}")
+
+    # Global, never touched by a script together with tagged keys.
+    def models(self) -> str:
+        return f"{self.namespace}:models"
+
+    def workers(self) -> str:
+        return f"{self.namespace}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.namespace}:worker:{worker_id}"
+
+    def lifecycle_channel(self) -> str:
+        return f"{self.namespace}:lifecycle"

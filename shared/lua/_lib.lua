@@ -1,0 +1,38 @@
+-- Helpers prepended to every script. Timestamps come from Redis's own clock so
+-- that producers and workers on different hosts agree.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function secs_between(h, from_field, to_ms)
+  local from = redis.call('HGET', h, from_field)
+  if not from or not to_ms then return cjson.null end
+  return (tonumber(to_ms) - tonumber(from)) / 1000.0
+end
+
+-- Timings of a request hash as seen at finished_ms.
+local function timings(h, finished_ms)
+  local started = redis.call('HGET', h, 'started_ms')
+  local first = redis.call('HGET', h, 'first_token_ms')
+  return {
+    queued_s = secs_between(h, 'created_ms', started or finished_ms),
+    ttft_s = secs_between(h, 'created_ms', first),
+    total_s = secs_between(h, 'created_ms', finished_ms),
+  }
+end
+
+-- End a request: final event on its stream, terminal state, expiry, notification.
+local function finalize(h, stream, id, state, final_json, finished_ms, ttl_s, channel)
+  local final = cjson.decode(final_json)
+  final['timings'] = timings(h, finished_ms)
+  local encoded = cjson.encode(final)
+  redis.call('XADD', stream, '*', 'e', encoded)
+  redis.call('HSET', h, 'state', state, 'finish_reason', final['finish_reason'],
+    'final', encoded, 'finished_ms', finished_ms)
+  redis.call('HDEL', h, 'lease_token')
+  redis.call('EXPIRE', h, ttl_s)
+  redis.call('EXPIRE', stream, ttl_s)
+  redis.call('PUBLISH', channel, cjson.encode({event = state, id = id}))
+  return encoded
+end

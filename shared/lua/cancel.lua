@@ -1,0 +1,20 @@
+-- cancel: remove a queued request at once, or flag a running one for its worker.
+-- KEYS[1] queue   KEYS[2] request hash   KEYS[3] stream
+-- ARGV[1] id   ARGV[2] ttl s   ARGV[3] lifecycle channel
+-- Returns 'cancelled' | 'requested' (running: its worker stops it) | 'done' (already
+-- ended) | 'missing'
+local state = redis.call('HGET', KEYS[2], 'state')
+if not state then return 'missing' end
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  local final = cjson.encode({type = 'final', finish_reason = 'cancelled',
+    usage = {prompt_tokens = 0, completion_tokens = 0}, error = cjson.null})
+  redis.call('HSET', KEYS[2], 'output', '{"text":"","token_ids":[]}')
+  finalize(KEYS[2], KEYS[3], ARGV[1], 'cancelled', final, now_ms(), ARGV[2], ARGV[3])
+  return 'cancelled'
+end
+if state == 'running' then
+  redis.call('HSET', KEYS[2], 'cancel', '1')
+  redis.call('PUBLISH', ARGV[3], cjson.encode({event = 'cancel_requested', id = ARGV[1]}))
+  return 'requested'
+end
+return 'done'

@@ -1,0 +1,194 @@
+"""The wire schema: one set of pydantic models for everything that crosses Redis."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.priority import Priority, parse_priority
+
+SCHEMA_VERSION = 1
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+MAX_METADATA_ITEMS = 32
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingParams(_Strict):
+    """How to pick tokens. ``temperature == 0`` is greedy and deterministic."""
+
+    max_tokens: int = Field(256, ge=1, le=1_000_000)
+    min_tokens: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 means no top-k cut")
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = Field(
+        (), max_length=MAX_STOP_STRINGS
+    )
+    stop_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = Field((), max_length=64)
+    ignore_eos: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> SamplingParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=1_000_000)
+
+
+MetadataValue = str | int | float | bool | None
+
+
+class GenerationRequest(_Strict):
+    """What a client submits. Exactly one of ``prompt`` and ``messages``."""
+
+    version: int = SCHEMA_VERSION
+    model: str = Field(min_length=1, max_length=200, pattern=r"^[\w.\-/:@+]+$")
+    prompt: str | None = Field(None, min_length=1)
+    messages: tuple[ChatMessage, ...] | None = Field(None, min_length=1, max_length=1000)
+    priority: int = int(Priority.NORMAL)
+    sampling: SamplingParams = SamplingParams()
+    deadline_ms: int | None = Field(None, ge=0, description="unix time in ms")
+    idempotency_key: str | None = Field(None, min_length=1, max_length=256)
+    metadata: dict[str, MetadataValue] = Field(
+        default_factory=dict, max_length=MAX_METADATA_ITEMS
+    )
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: object) -> int:
+        return parse_priority(value)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerationRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        if self.prompt is not None and not self.prompt.strip():
+            raise ValueError("prompt must not be blank")
+        return self
+
+    def prompt_chars(self) -> int:
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(m.content) for m in self.messages or ())
+
+
+class RequestState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    DEAD = "dead"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (RequestState.QUEUED, RequestState.RUNNING)
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    EXPIRED = "expired"
+    ERROR = "error"
+
+
+class Usage(_Strict):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Timings(_Strict):
+    """Seconds: waiting in the queue, to the first token, and in all since submit."""
+
+    queued_s: float | None = None
+    ttft_s: float | None = None
+    total_s: float | None = None
+
+
+class TokenEvent(_Strict):
+    type: Literal["token"] = "token"
+    index: int = Field(ge=0, description="index of the first token in this event")
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[dict[str, Any], ...] | None = None
+
+
+class FinalEvent(_Strict):
+    type: Literal["final"] = "final"
+    finish_reason: FinishReason
+    usage: Usage = Usage()
+    timings: Timings = Timings()
+    error: str | None = None
+
+
+Event = Annotated[TokenEvent | FinalEvent, Field(discriminator="type")]
+
+
+class StreamEvent(_Strict):
+    """One entry of a request's token stream; ``id`` is the resume cursor."""
+
+    id: str
+    event: Event
+
+
+class Result(_Strict):
+    id: str
+    model: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    error: str | None = None
+
+
+def dumps(model: BaseModel) -> bytes:
+    """orjson encoding of a model, dropping nothing (defaults included)."""
+    return orjson.dumps(model.model_dump(mode="json"))
+
+
+class RequestStatus(_Strict):
+    """A request as stored in Redis, for status pages and ``Handle.status()``."""
+
+    id: str
+    model: str
+    state: RequestState
+    priority: int
+    attempts: int = 0
+    position: int | None = Field(None, description="requests ahead of it while queued")
+    worker: str | None = None
+    num_generated: int = 0
+    created_ms: int | None = None
+    started_ms: int | None = None
+    first_token_ms: int | None = None
+    finished_ms: int | None = None
+    deadline_ms: int | None = None
+    finish_reason: FinishReason | None = None
+    cancel_requested: bool = False

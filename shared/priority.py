@@ -1,0 +1,54 @@
+"""Request priority: named levels and the integers behind them.
+
+Priorities are integers from ``MIN_PRIORITY`` (0) to ``MAX_PRIORITY`` (100);
+higher is more urgent. The named levels sit at fixed points of that range, so
+integers between them give finer control (``low < 30 < normal``).
+"""
+
+from enum import IntEnum
+
+MIN_PRIORITY = 0
+MAX_PRIORITY = 100
+
+
+class Priority(IntEnum):
+    LOW = 25
+    NORMAL = 50
+    HIGH = 75
+    CRITICAL = 100
+
+
+def parse_priority(value: object) -> int:
+    """Turn a level name or an integer into a priority, or raise ``ValueError``."""
+    if isinstance(value, bool):
+        raise ValueError(f"priority must be a level name or an integer, not {value!r}")
+    if isinstance(value, str):
+        return _parse_name(value)
+    if isinstance(value, int):
+        return _check_range(value)
+    raise ValueError(f"priority must be a level name or an integer, not {value!r}")
+
+
+def priority_name(value: int) -> str:
+    """The level name for ``value`` when it is one, else the integer as text."""
+    try:
+        return Priority(value).name.lower()
+    except ValueError:
+        return str(value)
+
+
+def _parse_name(value: str) -> int:
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return _check_range(int(text))
+    try:
+        return int(Priority[text.upper()])
+    except KeyError:
+        names = ", ".join(p.name.lower() for p in Priority)
+        raise ValueError(f"unknown priority {value!r}: use one of {names} or an integer") from None
+
+
+def _check_range(value: int) -> int:
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"priority {value} is out of range {MIN_PRIORITY}..{MAX_PRIORITY}")
+    return value

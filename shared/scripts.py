@@ -1,0 +1,154 @@
+"""Typed wrappers for the Lua scripts in ``shared/lua``.
+
+Each operation is built as a ``ScriptCall`` (script name, KEYS, ARGV) by a pure
+function and its reply parsed by another, so the sync and asyncio clients and the
+worker share one definition and differ only in how they send it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from shared.errors import QueueFull
+from shared.keys import Keys, model_tag, tag_of
+from shared.models import GenerationRequest, dumps
+from shared.priority import MAX_PRIORITY
+from shared.settings import Settings
+
+SCRIPT_NAMES = ("enqueue", "claim", "publish", "finish", "cancel", "renew")
+ARG = str | int | float
+
+
+@cache
+def load_source(name: str) -> str:
+    """The script's source with the shared helper library in front of it."""
+    lua = resources.files("shared") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    script: str
+    keys: list[str]
+    args: list[ARG]
+
+
+class Scripts:
+    """The scripts registered on one sync connection (EVALSHA, loaded on first use)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._by_name = {n: client.register_script(load_source(n)) for n in SCRIPT_NAMES}
+
+    def run(self, call: ScriptCall, pipe: redis.client.Pipeline | None = None) -> Any:
+        return self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
+
+
+class AsyncScripts:
+    """The scripts registered on one asyncio connection."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self._by_name = {n: client.register_script(load_source(n)) for n in SCRIPT_NAMES}
+
+    async def run(self, call: ScriptCall, pipe: redis.asyncio.client.Pipeline | None = None) -> Any:
+        return await self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    request_id: str
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Claimed:
+    request_id: str
+    lease_token: str
+    payload: str
+    attempts: int
+    num_generated: int
+
+
+def enqueue_call(keys: Keys, settings: Settings, request_id: str, req: GenerationRequest) -> ScriptCall:
+    tag = model_tag(req.model)
+    idem = req.idempotency_key or ""
+    return ScriptCall(
+        "enqueue",
+        [keys.queue(tag), keys.seq(tag), keys.request(request_id),
+         keys.idempotency(tag, idem), keys.wakeup(tag)],
+        [request_id, dumps(req).decode(), int(req.priority), settings.max_queued,
+         settings.idempotency_ttl_s, idem, "" if req.deadline_ms is None else req.deadline_ms,
+         req.model, keys.lifecycle_channel(), MAX_PRIORITY],
+    )  # fmt: skip
+
+
+def parse_enqueue(reply: list[Any], model: str, settings: Settings) -> Enqueued:
+    status, value = _text(reply[0]), _text(reply[1])
+    if status == "full":
+        raise QueueFull(model, settings.max_queued)
+    return Enqueued(request_id=value, duplicate=status == "duplicate")
+
+
+def claim_call(keys: Keys, settings: Settings, tag: str, worker_id: str, ids: list[str]) -> ScriptCall:
+    per_request = [k for rid in ids for k in (keys.request(rid), keys.stream(rid))]
+    return ScriptCall(
+        "claim",
+        [keys.queue(tag), keys.leases(tag), keys.owners(tag), *per_request],
+        [worker_id, settings.lease_ms, settings.result_ttl_s, keys.lifecycle_channel(), *ids],
+    )
+
+
+def parse_claim(reply: list[Any]) -> list[Claimed]:
+    rows = [reply[i : i + 5] for i in range(0, len(reply), 5)]
+    return [
+        Claimed(_text(r[0]), _text(r[1]), _text(r[2]), int(r[3]), int(r[4])) for r in rows
+    ]
+
+
+def publish_call(keys: Keys, request_id: str, token: str, event_json: bytes, num_tokens: int) -> ScriptCall:
+    tag = tag_of(request_id)
+    return ScriptCall(
+        "publish",
+        [keys.owners(tag), keys.request(request_id), keys.stream(request_id)],
+        [request_id, token, event_json.decode(), num_tokens],
+    )
+
+
+def finish_call(
+    keys: Keys, settings: Settings, request_id: str, token: str, final_json: bytes,
+    output_json: bytes, state: str,
+) -> ScriptCall:  # fmt: skip
+    tag = tag_of(request_id)
+    return ScriptCall(
+        "finish",
+        [keys.owners(tag), keys.leases(tag), keys.request(request_id), keys.stream(request_id)],
+        [request_id, token, final_json.decode(), output_json.decode(), state,
+         settings.result_ttl_s, keys.lifecycle_channel()],
+    )  # fmt: skip
+
+
+def cancel_call(keys: Keys, settings: Settings, request_id: str) -> ScriptCall:
+    tag = tag_of(request_id)
+    return ScriptCall(
+        "cancel",
+        [keys.queue(tag), keys.request(request_id), keys.stream(request_id)],
+        [request_id, settings.result_ttl_s, keys.lifecycle_channel()],
+    )
+
+
+def renew_call(keys: Keys, settings: Settings, tag: str, held: dict[str, str]) -> ScriptCall:
+    pairs = [x for item in held.items() for x in item]
+    return ScriptCall(
+        "renew",
+        [keys.leases(tag), keys.owners(tag), *(keys.request(rid) for rid in held)],
+        [settings.lease_ms, *pairs],
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,62 @@
+"""Fixtures: a real redis-server per test session, fakeredis for fast tests,
+and factories for settings and clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from producer.client import Client
+from producer.embedded import EmbeddedRedis
+from shared.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    """Our own redis-server on a free loopback port (the one on 6379 may be shared)."""
+    server = EmbeddedRedis().start()
+    if server.kind != "redis-server":
+        server.stop()
+        pytest.fail("redis-server is not installed: run  apt-get install -y redis-server")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def real_redis(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fake_redis() -> Iterator[fakeredis.FakeRedis]:
+    client = fakeredis.FakeRedis()
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["fakeredis", "redis-server"])
+def any_redis(request: pytest.FixtureRequest) -> redis.Redis:
+    """Runs a test against fakeredis and against a real redis-server."""
+    name = "fake_redis" if request.param == "fakeredis" else "real_redis"
+    client: redis.Redis = request.getfixturevalue(name)
+    return client
+
+
+@pytest.fixture
+def make_settings() -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        return Settings(**overrides)
+
+    return make
+
+
+@pytest.fixture
+def client(any_redis: redis.Redis, make_settings: Callable[..., Settings]) -> Client:
+    return Client(connection=any_redis, settings=make_settings(max_queued=50))

@@ -1,0 +1,27 @@
+"""The asyncio client against a real redis-server."""
+
+from __future__ import annotations
+
+import redis.asyncio
+
+from producer.aio import AsyncClient
+from producer.embedded import EmbeddedRedis
+from shared.models import FinishReason, RequestState
+from shared.settings import Settings
+
+
+async def test_submit_status_cancel_result(redis_server: EmbeddedRedis) -> None:
+    connection = redis.asyncio.Redis.from_url(redis_server.url)
+    await connection.flushall()
+    async with AsyncClient(connection=connection, settings=Settings()) as client:
+        first = await client.submit("a", priority="low")
+        second = await client.submit(messages=[{"role": "user", "content": "b"}], priority="high")
+        assert (await second.position(), await first.position()) == (0, 1)
+        assert (await first.status()).state is RequestState.QUEUED
+        assert await first.cancel() == "cancelled"
+        events = [e async for e in first.stream()]
+        assert len(events) == 1
+        result = await first.result(timeout=1)
+        assert result.finish_reason is FinishReason.CANCELLED
+        handles = await client.submit_many([{"model": "m", "prompt": "x"}] * 3)
+        assert len({h.id for h in handles}) == 3

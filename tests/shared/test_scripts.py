@@ -1,0 +1,156 @@
+"""Every Lua script, against fakeredis and a real redis-server."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from producer.client import Client
+from shared.errors import QueueFull
+from shared.keys import Keys, model_tag
+from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent, dumps
+from shared.scripts import (
+    Claimed,
+    Scripts,
+    claim_call,
+    finish_call,
+    parse_claim,
+    publish_call,
+    renew_call,
+)
+from shared.settings import Settings
+
+MODEL = "SmolLM2-135M-Instruct"
+TAG = model_tag(MODEL)
+
+
+def claim(r: redis.Redis, settings: Settings, n: int, worker: str = "w1") -> list[Claimed]:
+    keys = Keys(settings.namespace)
+    ids = [i.decode() for i in r.zrange(keys.queue(TAG), 0, n - 1)]
+    return parse_claim(Scripts(r).run(claim_call(keys, settings, TAG, worker, ids))) if ids else []
+
+
+def test_higher_priority_first_and_fifo_within_a_priority(client: Client) -> None:
+    order = ["low", "normal", "critical", "low", "high", "critical", "normal", 60]
+    handles = [client.submit(f"p{i}", priority=p) for i, p in enumerate(order)]
+    claimed = [c.request_id for c in claim(client.redis, client.settings, len(order))]
+    by_id = {h.id: i for i, h in enumerate(handles)}
+    assert [by_id[c] for c in claimed] == [2, 5, 4, 7, 1, 6, 0, 3]
+
+
+def test_position_counts_requests_ahead(client: Client) -> None:
+    low = client.submit("a", priority="low")
+    high = client.submit("b", priority="high")
+    assert (high.position(), low.position()) == (0, 1)
+    claim(client.redis, client.settings, 1)
+    assert (high.position(), low.position()) == (None, 0)
+
+
+def test_full_queue_refuses_and_keeps_what_it_accepted(client: Client) -> None:
+    accepted = [client.submit(f"x{i}") for i in range(client.settings.max_queued)]
+    with pytest.raises(QueueFull, match="is full"):
+        client.submit("one too many")
+    assert client.redis.zcard(Keys().queue(TAG)) == len(accepted)
+    assert all(h.status().state is RequestState.QUEUED for h in accepted)
+
+
+def test_idempotency_key_returns_the_original_request(client: Client) -> None:
+    first = client.submit("a", idempotency_key="order-17")
+    again = client.submit("a", idempotency_key="order-17")
+    assert again.id == first.id
+    assert client.redis.zcard(Keys().queue(TAG)) == 1
+
+
+def test_a_request_is_claimed_once_even_when_two_workers_race(client: Client) -> None:
+    client.submit("a")
+    keys, s = client.keys, client.settings
+    ids = [i.decode() for i in client.redis.zrange(keys.queue(TAG), 0, 0)]
+    scripts = Scripts(client.redis)
+    first = parse_claim(scripts.run(claim_call(keys, s, TAG, "w1", ids)))
+    second = parse_claim(scripts.run(claim_call(keys, s, TAG, "w2", ids)))
+    assert len(first) == 1 and second == []
+    status = client.handle(ids[0]).status()
+    assert (status.state, status.worker, status.attempts) == (RequestState.RUNNING, "w1", 1)
+
+
+def test_claim_expires_a_request_whose_deadline_passed(client: Client) -> None:
+    h = client.submit("late", deadline=0.001)
+    time.sleep(0.01)
+    assert claim(client.redis, client.settings, 5) == []
+    result = h.result(timeout=1)
+    assert result.finish_reason is FinishReason.EXPIRED
+    assert h.status().state is RequestState.EXPIRED
+
+
+def _publish(r: redis.Redis, c: Claimed, index: int, text: str) -> int:
+    event = dumps(TokenEvent(index=index, token_ids=(index,), text=text))
+    return int(Scripts(r).run(publish_call(Keys(), c.request_id, c.lease_token, event, 1)))
+
+
+def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> int:
+    final = dumps(FinalEvent(finish_reason=FinishReason.LENGTH))
+    output = f'{{"text": "{text}", "token_ids": {list(range(n))}}}'.encode()
+    call = finish_call(Keys(), s, c.request_id, c.lease_token, final, output, "finished")
+    return int(Scripts(r).run(call))
+
+
+def test_publish_and_finish_build_the_stream_and_result(client: Client) -> None:
+    h = client.submit("hi")
+    (c,) = claim(client.redis, client.settings, 1)
+    assert _publish(client.redis, c, 0, "Hel") == 1
+    assert _publish(client.redis, c, 1, "lo") == 1
+    assert _finish(client.redis, client.settings, c, "Hello", 2) == 1
+    events = [e.event for e in h.stream()]
+    assert [e.text for e in events if isinstance(e, TokenEvent)] == ["Hel", "lo"]
+    assert isinstance(events[-1], FinalEvent)
+    result = h.result(timeout=1)
+    assert (result.text, result.finish_reason) == ("Hello", FinishReason.LENGTH)
+    assert result.timings.total_s is not None and result.timings.ttft_s is not None
+
+
+def test_stream_resumes_after_a_given_event(client: Client) -> None:
+    h = client.submit("hi")
+    (c,) = claim(client.redis, client.settings, 1)
+    for i, piece in enumerate(["a", "b", "c"]):
+        _publish(client.redis, c, i, piece)
+    _finish(client.redis, client.settings, c, "abc", 3)
+    events = list(h.stream())
+    rest = list(h.stream(after=events[0].id))
+    assert [e.id for e in rest] == [e.id for e in events[1:]]
+
+
+def test_a_stale_lease_token_cannot_publish_or_finish(client: Client) -> None:
+    h = client.submit("hi")
+    (c,) = claim(client.redis, client.settings, 1)
+    stale = Claimed(c.request_id, "w1:0", c.payload, c.attempts, 0)
+    assert _publish(client.redis, stale, 0, "x") == 0
+    assert _finish(client.redis, client.settings, stale, "x", 1) == 0
+    assert client.redis.xlen(Keys().stream(h.id)) == 0
+    assert h.status().state is RequestState.RUNNING
+
+
+def test_cancel_removes_a_queued_request_at_once(client: Client) -> None:
+    h = client.submit("never")
+    assert h.cancel() == "cancelled"
+    assert claim(client.redis, client.settings, 5) == []
+    assert h.result(timeout=1).finish_reason is FinishReason.CANCELLED
+
+
+def test_cancel_of_a_running_request_is_seen_by_publish_and_renew(client: Client) -> None:
+    h = client.submit("hi")
+    (c,) = claim(client.redis, client.settings, 1)
+    assert h.cancel() == "requested"
+    assert _publish(client.redis, c, 0, "x") == 2
+    call = renew_call(client.keys, client.settings, TAG, {c.request_id: c.lease_token})
+    assert list(Scripts(client.redis).run(call)) == [2]
+
+
+def test_renew_extends_only_leases_still_held(client: Client) -> None:
+    client.submit("a")
+    client.submit("b")
+    c1, c2 = claim(client.redis, client.settings, 2)
+    held = {c1.request_id: c1.lease_token, c2.request_id: "someone-else:1"}
+    call = renew_call(client.keys, client.settings, TAG, held)
+    assert list(Scripts(client.redis).run(call)) == [1, 0]
