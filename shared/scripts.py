@@ -44,6 +44,12 @@ class Scripts:
 
     def __init__(self, client: redis.Redis) -> None:
         self._by_name = {n: client.register_script(load_source(n)) for n in SCRIPT_NAMES}
+        # Load up front rather than on the first NOSCRIPT: fakeredis's TCP server
+        # (the fallback of `tokenq up`) drops the connection on that error.
+        pipe = client.pipeline(transaction=False)
+        for script in self._by_name.values():
+            pipe.script_load(script.script)
+        pipe.execute()
 
     def run(self, call: ScriptCall, pipe: redis.client.Pipeline | None = None) -> Any:
         return self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
@@ -53,10 +59,21 @@ class AsyncScripts:
     """The scripts registered on one asyncio connection."""
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
+        self._client = client
         self._by_name = {n: client.register_script(load_source(n)) for n in SCRIPT_NAMES}
+        self._loaded = False
 
     async def run(self, call: ScriptCall, pipe: redis.asyncio.client.Pipeline | None = None) -> Any:
+        if not self._loaded:
+            await self._load()
         return await self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
+
+    async def _load(self) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for script in self._by_name.values():
+            pipe.script_load(script.script)
+        await pipe.execute()
+        self._loaded = True
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,3 @@
+from producer.gateway.cli import main
+
+main()

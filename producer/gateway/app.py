@@ -1,0 +1,100 @@
+"""The gateway's FastAPI app: Redis connections, the stream hub, routes, error handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio
+from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from producer.gateway import health, native, openai_routes
+from producer.gateway.backend import Backend
+from producer.gateway.config import GatewayConfig, load_api_keys
+from producer.gateway.errors import install_error_handlers
+from producer.gateway.hub import StreamHub
+from producer.gateway.metrics import GatewayMetrics
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger("producer.gateway")
+VERSION = "0.1.0"
+ABOUT = "OpenAI-compatible and native HTTP access to a tokenq queue."
+
+
+def create_app(settings: Settings | None = None, config: GatewayConfig | None = None) -> FastAPI:
+    """The gateway for ``settings`` (default: the environment); API keys from ``config``,
+    else from ``TOKENQ_API_KEYS``."""
+    settings = settings or get_settings()
+    config = config or GatewayConfig(api_keys=load_api_keys())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backend = await _start(settings, config)
+        app.state.backend = backend
+        try:
+            yield
+        finally:
+            await backend.hub.stop()
+            await backend.redis.aclose()
+
+    app = FastAPI(title="tokenq gateway", version=VERSION, lifespan=lifespan, description=ABOUT)
+    app.state.api_keys = config.api_keys
+    install_error_handlers(app)
+    for module in (openai_routes, native, health):
+        app.include_router(module.router)
+    _declare_400_not_422(app)
+    return app
+
+
+def _declare_400_not_422(app: FastAPI) -> None:
+    """FastAPI documents a 422 for every route with parameters; ours answer bad input
+    with 400 and the OpenAI error body (already declared), so drop the 422s."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for operations in schema["paths"].values():
+                for operation in operations.values():
+                    _fix_responses(operation["responses"])
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema["components"]["schemas"].pop(name, None)
+        return app.openapi_schema or build()
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _fix_responses(responses: dict[str, Any]) -> None:
+    responses.pop("422", None)
+    # A streamed-only route gets an empty application/json 200 from FastAPI; it has none.
+    content = responses.get("200", {}).get("content", {})
+    if content.get("application/json") == {"schema": {}} and len(content) > 1:
+        del content["application/json"]
+
+
+async def _start(settings: Settings, config: GatewayConfig) -> Backend:
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=config.max_redis_connections, timeout=10
+    )
+    connection = redis.asyncio.Redis.from_pool(pool)
+    # The hub's reader must not reconnect behind its back: CLIENT UNBLOCK targets its id.
+    reader = redis.asyncio.Redis.from_url(
+        settings.redis_url, single_connection_client=True, retry=Retry(NoBackoff(), 0)
+    )
+    hub = StreamHub(reader, connection)
+    hub.start()
+    _log_access(config)
+    return Backend(settings, config, connection, hub, GatewayMetrics())
+
+
+def _log_access(config: GatewayConfig) -> None:
+    if config.api_keys.open:
+        log.warning("no API keys configured (TOKENQ_API_KEYS): the gateway is open to anyone "
+                    "who can reach it, at any priority")  # fmt: skip
+    else:
+        tenants = sorted({k.tenant for k in config.api_keys.by_digest.values()})
+        log.info("%d API keys for tenants %s", len(config.api_keys.by_digest), ", ".join(tenants))

@@ -1,0 +1,68 @@
+"""Bearer API keys: who is calling (tenant) and the highest priority they may use.
+
+A key asking for more than its ``max_priority`` is refused with 403 rather than
+silently capped, so a caller never believes it got a priority it did not. A request
+that names no priority gets ``normal``, lowered to the key's maximum when that is less.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from producer.gateway.config import ApiKeys
+from producer.gateway.errors import ApiError
+from shared.priority import MAX_PRIORITY, Priority, parse_priority, priority_name
+
+OPEN_TENANT = "default"
+_bearer = HTTPBearer(auto_error=False, description="an API key from TOKENQ_API_KEYS")
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant: str
+    max_priority: int
+
+
+def authenticate(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    keys: ApiKeys = request.app.state.api_keys
+    if keys.open:
+        return Principal(OPEN_TENANT, MAX_PRIORITY)
+    if credentials is None:
+        raise _unauthorized("missing API key: send it as 'Authorization: Bearer <key>'")
+    key = keys.lookup(credentials.credentials)
+    if key is None:
+        raise _unauthorized("unknown API key")
+    return Principal(key.tenant, key.max_priority)
+
+
+Caller = Annotated[Principal, Depends(authenticate)]
+
+
+def priority_for(principal: Principal, asked: int | str | None, param: str = "priority") -> int:
+    """The priority a request runs at: the one asked for, checked against the key."""
+    if asked is None:
+        return min(int(Priority.NORMAL), principal.max_priority)
+    try:
+        value = parse_priority(asked)
+    except ValueError as e:
+        raise ApiError(
+            400, f"invalid request: {param}: {e}", param=param, code="invalid_value"
+        ) from e
+    if value > principal.max_priority:
+        limit = priority_name(principal.max_priority)
+        raise ApiError(403, f"{param} {priority_name(value)} is above this API key's maximum "
+                       f"({limit}); ask for {limit} or less", type="permission_error",
+                       param=param, code="priority_not_allowed")  # fmt: skip
+    return value
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, type="authentication_error", code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"})  # fmt: skip

@@ -1,0 +1,116 @@
+"""What the routes do with Redis: submit, read, cancel and follow requests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import redis.asyncio
+from fastapi import Depends, Request
+
+from producer.gateway.config import GatewayConfig
+from producer.gateway.errors import ApiError
+from producer.gateway.hub import StreamHub
+from producer.gateway.metrics import GatewayMetrics
+from producer.gateway.registry import ModelRegistry
+from producer.requests import validate_request
+from shared.errors import NotFound
+from shared.keys import Keys, new_request_id, tag_of
+from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
+from shared.records import STATUS_FIELDS, decode_hash, result_from_hash, status_from_hash
+from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
+from shared.settings import Settings
+
+VIEW_FIELDS = (*STATUS_FIELDS, "final", "output")
+
+
+@dataclass(frozen=True)
+class Submitted:
+    request_id: str
+    duplicate: bool
+    request: GenerationRequest
+
+
+class Backend:
+    def __init__(
+        self, settings: Settings, config: GatewayConfig, connection: redis.asyncio.Redis,
+        hub: StreamHub, metrics: GatewayMetrics,
+    ) -> None:  # fmt: skip
+        self.settings = settings
+        self.config = config
+        self.redis = connection
+        self.keys = Keys(settings.namespace)
+        self.hub = hub
+        self.metrics = metrics
+        self.registry = ModelRegistry(connection, self.keys, config.models_cache_s)
+        self._scripts = AsyncScripts(connection)
+
+    async def submit(self, request: GenerationRequest, api: str) -> Submitted:
+        """Enqueue ``request`` for a model some live worker serves (else 404)."""
+        request = validate_request(self.settings, request)
+        if not await self.registry.serves(request.model):
+            raise model_not_found(request.model)
+        call = enqueue_call(self.keys, self.settings, new_request_id(request.model), request)
+        enqueued = parse_enqueue(await self._scripts.run(call), request.model, self.settings)
+        if not enqueued.duplicate:
+            self.metrics.accepted(request.model, request.priority, api)
+        return Submitted(enqueued.request_id, enqueued.duplicate, request)
+
+    async def view(self, request_id: str) -> tuple[RequestStatus, Result | None]:
+        """Status (with queue position) and the result once there is one, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(self.keys.request(request_id), VIEW_FIELDS)
+        pipe.zrank(self.keys.queue(tag_of(request_id)), request_id)
+        raw, rank = await pipe.execute()
+        fields = decode_hash(raw, VIEW_FIELDS)
+        status = status_from_hash(request_id, fields, None if rank is None else int(rank))
+        return status, result_from_hash(request_id, fields)
+
+    async def status(self, request_id: str) -> RequestStatus:
+        return (await self.view(request_id))[0]
+
+    async def cancel(self, request_id: str) -> str:
+        """'cancelled' (was queued), 'requested' (running: its worker stops it) or 'done'."""
+        reply = await self._scripts.run(cancel_call(self.keys, self.settings, request_id))
+        outcome = reply.decode() if isinstance(reply, bytes) else str(reply)
+        if outcome == "missing":
+            raise NotFound(f"request {request_id} does not exist (or has expired)")
+        return outcome
+
+    async def events(
+        self, request_id: str, after: str = "0-0"
+    ) -> AsyncIterator[StreamEvent | None]:
+        """The request's stream after ``after``, through its final event. ``None`` marks a
+        quiet spell (to send a keep-alive); NotFound if the request vanishes meanwhile."""
+        key = self.keys.stream(request_id)
+        async for item in self.hub.subscribe(key, after, self.config.idle_check_s):
+            if item is None:
+                await self._check_exists(request_id)
+            yield item
+            if item is not None and isinstance(item.event, FinalEvent):
+                return
+
+    async def final(self, request_id: str) -> FinalEvent:
+        async for item in self.events(request_id):
+            if item is not None and isinstance(item.event, FinalEvent):
+                return item.event
+        raise NotFound(f"request {request_id} ended without a final event")
+
+    async def _check_exists(self, request_id: str) -> None:
+        if not await self.redis.exists(self.keys.request(request_id)):
+            raise NotFound(f"request {request_id} does not exist (or has expired)")
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(404, f"model {model!r} is not served by any live worker; "
+                    "GET /v1/models lists the models served now", type="not_found_error",
+                    param="model", code="model_not_found")  # fmt: skip
+
+
+def get_backend(request: Request) -> Backend:
+    backend: Backend = request.app.state.backend
+    return backend
+
+
+BackendDep = Annotated[Backend, Depends(get_backend)]

@@ -1,0 +1,112 @@
+"""The gateway's own settings and API keys.
+
+``TOKENQ_API_KEYS`` holds the keys, either as JSON::
+
+    {"sk-abc": {"tenant": "acme", "max_priority": "high"}, "sk-def": {"tenant": "ops"}}
+
+or compactly as ``key=tenant[:max_priority]`` items separated by commas::
+
+    sk-abc=acme:high,sk-def=ops
+
+``max_priority`` is a level name or 0..100 and defaults to ``normal``. No keys
+(unset or empty) leaves the gateway open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from shared.errors import InvalidRequest
+from shared.priority import Priority, parse_priority
+
+API_KEYS_ENV = "TOKENQ_API_KEYS"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    tenant: str
+    max_priority: int = int(Priority.NORMAL)
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """Keys by the SHA-256 of their text, so a lookup's timing tells nothing of a key."""
+
+    by_digest: dict[str, ApiKey] = field(default_factory=dict)
+
+    @property
+    def open(self) -> bool:
+        return not self.by_digest
+
+    def lookup(self, token: str) -> ApiKey | None:
+        return self.by_digest.get(digest(token))
+
+    @classmethod
+    def of(cls, keys: dict[str, ApiKey]) -> ApiKeys:
+        return cls({digest(k): v for k, v in keys.items()})
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    api_keys: ApiKeys = field(default_factory=ApiKeys)
+    # Live models are read from the worker registry at most this often.
+    models_cache_s: float = 1.0
+    # The longest a stream stays silent before an SSE comment keeps proxies from closing it.
+    keepalive_s: float = 15.0
+    # How long a subscriber waits for an event before checking its request still exists.
+    idle_check_s: float = 2.0
+    max_redis_connections: int = 200
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_api_keys(environ: dict[str, str] | None = None) -> ApiKeys:
+    """The keys in ``TOKENQ_API_KEYS`` (read here only; see the module docstring)."""
+    text = (environ if environ is not None else os.environ).get(API_KEYS_ENV, "").strip()
+    return parse_api_keys(text)
+
+
+def parse_api_keys(text: str) -> ApiKeys:
+    if not text:
+        return ApiKeys()
+    items = _from_json(text) if text.startswith("{") else _from_compact(text)
+    return ApiKeys.of({key: _api_key(key, spec) for key, spec in items.items()})
+
+
+def _from_json(text: str) -> dict[str, Any]:
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"{API_KEYS_ENV} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"{API_KEYS_ENV} must be a JSON object of key -> spec")
+    return data
+
+
+def _from_compact(text: str) -> dict[str, Any]:
+    items: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, rest = item.partition("=")
+        if not sep or not key.strip() or not rest.strip():
+            raise InvalidRequest(
+                f"{API_KEYS_ENV}: expected key=tenant[:max_priority], got {item!r}"
+            )
+        tenant, _, prio = rest.partition(":")
+        items[key.strip()] = {"tenant": tenant.strip(), "max_priority": prio.strip() or "normal"}
+    return items
+
+
+def _api_key(key: str, spec: Any) -> ApiKey:
+    if not isinstance(spec, dict) or not isinstance(spec.get("tenant"), str) or not spec["tenant"]:
+        raise InvalidRequest(f"{API_KEYS_ENV}: key ending {key[-4:]!r} needs a non-empty tenant")
+    try:
+        return ApiKey(spec["tenant"], parse_priority(spec.get("max_priority", "normal")))
+    except ValueError as e:
+        raise InvalidRequest(f"{API_KEYS_ENV}: key ending {key[-4:]!r}: {e}") from e

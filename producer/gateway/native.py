@@ -1,0 +1,151 @@
+"""tokenq's own routes: submit with a priority, read status and result, follow or resume
+a request's events, cancel. Native streams do not cancel on disconnect: they resume."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+import orjson
+import redis
+from fastapi import APIRouter, Header, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from producer.gateway.auth import Caller, Principal, priority_for
+from producer.gateway.backend import Backend, BackendDep
+from producer.gateway.errors import (
+    ErrorResponse,
+    error_responses,
+    from_validation_errors,
+    map_tokenq_error,
+)
+from producer.gateway.openai_requests import deadline_ms
+from producer.gateway.openai_schemas import PRIORITY_DOC
+from producer.gateway.sse import KEEPALIVE, SSEResponse, frame
+from shared.errors import TokenqError
+from shared.keys import REQUEST_ID_RE
+from shared.models import (
+    ChatMessage,
+    GenerationRequest,
+    MetadataValue,
+    RequestState,
+    RequestStatus,
+    Result,
+    SamplingParams,
+)
+from shared.settings import Settings
+
+router = APIRouter(prefix="/v1/requests", tags=["native"])
+STREAM_ID = r"^\d{1,20}-\d{1,20}$"
+RequestId = Annotated[str, Path(pattern=REQUEST_ID_RE.pattern, description="a request id")]
+
+
+class SubmitBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="default: the deployment's default model")
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    priority: int | str | None = Field(None, description=PRIORITY_DOC)
+    sampling: SamplingParams = SamplingParams()
+    deadline: float | None = Field(None, description="seconds from now to finish by")
+    idempotency_key: str | None = None
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+
+
+class SubmitReply(BaseModel):
+    id: str
+    model: str
+    priority: int
+    state: RequestState
+    position: int | None = Field(description="requests ahead of it while queued")
+    duplicate: bool = Field(description="the idempotency key matched this earlier request")
+
+
+class RequestView(RequestStatus):
+    result: Result | None = None
+
+
+class CancelReply(BaseModel):
+    id: str
+    outcome: Literal["cancelled", "requested", "done"] = Field(
+        description="cancelled: was queued; requested: running, its worker stops it; "
+        "done: it had ended"
+    )
+
+
+@router.post("", status_code=202, response_model=SubmitReply,
+             responses={200: {"model": SubmitReply, "description": "an idempotent repeat"},
+                        **error_responses(400, 401, 403, 404, 429, 503)})  # fmt: skip
+async def submit(
+    body: SubmitBody, caller: Caller, backend: BackendDep, response: Response
+) -> SubmitReply:
+    """Queue a request; 202 with its id (200 with the earlier id for a repeated idempotency key)."""
+    submitted = await backend.submit(_request(body, caller, backend.settings), api="native")
+    status = await backend.status(submitted.request_id)
+    if submitted.duplicate:
+        response.status_code = 200
+    return SubmitReply(id=status.id, model=status.model, priority=status.priority,
+                       state=status.state, position=status.position,
+                       duplicate=submitted.duplicate)  # fmt: skip
+
+
+@router.get(
+    "/{request_id}", response_model=RequestView, responses=error_responses(400, 401, 404, 503)
+)
+async def get_request(request_id: RequestId, _: Caller, backend: BackendDep) -> RequestView:
+    """State, queue position and, once it has ended, the result."""
+    status, result = await backend.view(request_id)
+    return RequestView(**status.model_dump(), result=result)
+
+
+@router.delete(
+    "/{request_id}", response_model=CancelReply, responses=error_responses(400, 401, 404, 503)
+)
+async def cancel(request_id: RequestId, _: Caller, backend: BackendDep) -> CancelReply:
+    """Cancel: a queued request ends at once, a running one within one engine step."""
+    outcome = await backend.cancel(request_id)
+    return CancelReply(id=request_id, outcome=outcome)
+
+
+@router.get("/{request_id}/events", response_model=None,
+            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                             "description": "token events, then one final event"},
+                       **error_responses(400, 401, 404, 503)})  # fmt: skip
+async def events(
+    request_id: RequestId, _: Caller, backend: BackendDep,
+    after: Annotated[str | None, Query(pattern=STREAM_ID, description="resume after it")] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID)] = None,
+) -> SSEResponse:  # fmt: skip
+    """The request's events as SSE: ``id`` is the Redis Stream id, ``event`` is token or
+    final (or error). Reconnect with ``Last-Event-ID`` (or ``?after=``) to resume."""
+    await backend.status(request_id)  # 404 before the stream starts
+    cursor = last_event_id or after or "0-0"
+    return SSEResponse(_event_frames(backend, request_id, cursor))
+
+
+async def _event_frames(backend: Backend, request_id: str, cursor: str) -> AsyncIterator[bytes]:
+    try:
+        async for item in backend.events(request_id, cursor):
+            if item is None:
+                yield KEEPALIVE
+            else:
+                data = orjson.dumps(item.event.model_dump(mode="json"))
+                yield frame(data, event_id=item.id, event=item.event.type)
+    except (TokenqError, redis.RedisError) as e:
+        body = ErrorResponse(error=map_tokenq_error(e).detail).model_dump_json()
+        yield frame(body, event="error")
+
+
+def _request(body: SubmitBody, caller: Principal, settings: Settings) -> GenerationRequest:
+    data = {
+        "model": body.model or settings.default_model, "prompt": body.prompt,
+        "messages": body.messages, "priority": priority_for(caller, body.priority),
+        "sampling": body.sampling, "deadline_ms": deadline_ms(body.deadline),
+        "idempotency_key": body.idempotency_key,
+        "metadata": {**body.metadata, "tenant": caller.tenant},
+    }  # fmt: skip
+    try:
+        return GenerationRequest.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_errors(e.errors()) from e

@@ -1,0 +1,68 @@
+"""The models live workers serve, read from the worker registry and cached briefly.
+
+A worker is live while its hash ``Keys.worker(id)`` exists (it expires after a few
+missed heartbeats); the ``Keys.workers()`` sorted set lists the ids to look at.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+
+from shared.keys import Keys
+
+MAX_WORKERS_READ = 10_000
+
+
+@dataclass(frozen=True)
+class LiveModel:
+    name: str
+    num_workers: int
+    created_s: int  # earliest heartbeat seen among its workers, unix s
+
+
+class ModelRegistry:
+    def __init__(self, redis_client: redis.asyncio.Redis, keys: Keys, cache_s: float = 1.0) -> None:
+        self._redis = redis_client
+        self._keys = keys
+        self._cache_s = cache_s
+        self._models: dict[str, LiveModel] = {}
+        self._read_at = -float("inf")
+
+    async def live(self) -> dict[str, LiveModel]:
+        """Live models by name (at most ``cache_s`` old)."""
+        if time.monotonic() - self._read_at > self._cache_s:
+            self._models = await self._read()
+            self._read_at = time.monotonic()
+        return self._models
+
+    async def serves(self, model: str) -> bool:
+        return model in await self.live()
+
+    async def _read(self) -> dict[str, LiveModel]:
+        ids: list[Any] = await self._redis.zrange(
+            self._keys.workers(), 0, MAX_WORKERS_READ - 1, withscores=True
+        )
+        if not ids:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for worker_id, _ in ids:
+            pipe.hmget(self._keys.worker(_text(worker_id)), ["model"])
+        replies = await pipe.execute()
+        models: dict[str, LiveModel] = {}
+        for (_, score), reply in zip(ids, replies, strict=True):
+            model = reply[0]
+            if model is None:
+                continue  # its hash expired: the worker is gone
+            name, seen = _text(model), int(score)
+            known = models.get(name)
+            first = seen if known is None else min(known.created_s, seen)
+            models[name] = LiveModel(name, 1 if known is None else known.num_workers + 1, first)
+        return models
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,66 @@
+"""A scripted stand-in for the engine: one token per step per request, text 't<i>'.
+
+It lets the worker loop be tested against fakeredis in milliseconds; the real
+engine runs in tests/worker/engine and tests/integration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.models import FinishReason
+from worker.engine import EngineRequest, RequestOutput
+
+
+@dataclass
+class ScriptedEngine:
+    max_num_seqs: int = 4
+    running: dict[str, EngineRequest] = field(default_factory=dict)
+    aborted: dict[str, FinishReason] = field(default_factory=dict)
+    added: list[str] = field(default_factory=list)
+    max_prompt_tokens: int = 1000
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return list(range(len(prompt.split())))
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.encode_prompt(" ".join(m["content"] for m in messages))
+
+    def add_request(self, req: EngineRequest) -> None:
+        if len(req.prompt_token_ids) > self.max_prompt_tokens:
+            raise ValueError(f"prompt has {len(req.prompt_token_ids)} tokens, over the context")
+        self.running[req.request_id] = req
+        self.added.append(req.request_id)
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        if request_id in self.running:
+            self.aborted[request_id] = reason
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def num_free_slots(self) -> int:
+        return self.max_num_seqs - len(self.running)
+
+    def step(self) -> list[RequestOutput]:
+        return [self._advance(req) for req in list(self.running.values())]
+
+    def _advance(self, req: EngineRequest) -> RequestOutput:
+        n = len(req.output_token_ids)
+        if req.request_id in self.aborted:
+            del self.running[req.request_id]
+            return self._output(req, n, [], self.aborted.pop(req.request_id))
+        req.output_token_ids.append(n)
+        done = len(req.output_token_ids) >= req.sampling.max_tokens
+        if done:
+            del self.running[req.request_id]
+        return self._output(req, n, [n], FinishReason.LENGTH if done else None)
+
+    def _output(self, req: EngineRequest, index: int, ids: list[int], reason: FinishReason | None) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id, index=index, new_token_ids=ids,
+            text="".join(f"t{i}" for i in ids), finish_reason=reason, logprobs=None,
+            num_prompt_tokens=len(req.prompt_token_ids),
+            num_output_tokens=len(req.output_token_ids),
+        )  # fmt: skip

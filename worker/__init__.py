@@ -1,0 +1,1 @@
+"""The tokenq worker: claims requests from Redis into a continuous-batching engine."""

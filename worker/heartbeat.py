@@ -1,0 +1,83 @@
+"""The heartbeat: renews leases and the registry entry on its own thread, so a slow
+model step never lets a lease lapse."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+
+from shared.scripts import renew_call
+from worker.service import CANCEL_REQUESTED, LEASE_LOST, WorkerService
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, service: WorkerService, connection: redis.Redis, info: dict[str, Any]) -> None:
+        super().__init__(name="tokenq-heartbeat", daemon=True)
+        self.service = service
+        self.redis = connection
+        self.info = info
+        self.done = threading.Event()
+        self.interval_s = min(service.settings.lease_ms / 3, service.settings.worker_heartbeat_ms) / 1000
+        self._last_tokens = 0
+        self._last_time = time.monotonic()
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval_s):
+            try:
+                self.beat()
+            except redis.RedisError as e:
+                log.warning("heartbeat failed (%s); retrying", e)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=5)
+        self.deregister()
+
+    def beat(self) -> None:
+        s = self.service
+        held = s.held_leases()
+        pipe = self.redis.pipeline(transaction=False)
+        if held:
+            s.scripts.run(renew_call(s.keys, s.settings, s.tag, held), pipe)
+        self._register(pipe)
+        replies = pipe.execute()
+        if held:
+            self._apply(list(held), replies[0])
+
+    def _apply(self, ids: list[str], codes: list[int]) -> None:
+        for request_id, code in zip(ids, codes, strict=True):
+            if code == LEASE_LOST:
+                log.warning("lease on %s expired; it resumes elsewhere", request_id)
+                self.service.lost.put(request_id)
+            elif code == CANCEL_REQUESTED:
+                self.service.cancelled.put(request_id)
+
+    def _register(self, pipe: Any) -> None:
+        s = self.service
+        key = s.keys.worker(s.worker_id)
+        fields = {**self.info, **self._figures(), "heartbeat_ms": int(time.time() * 1000)}
+        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        pipe.pexpire(key, s.settings.worker_heartbeat_ms * 5)
+        pipe.zadd(s.keys.workers(), {s.worker_id: time.time()})
+        pipe.hset(s.keys.models(), s.tag, s.model)
+
+    def _figures(self) -> dict[str, Any]:
+        now, tokens = time.monotonic(), self.service.num_generated_tokens
+        rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
+        self._last_tokens, self._last_time = tokens, now
+        return {"running": len(self.service.held), "tokens_per_s": round(rate, 1),
+                "state": "draining" if self.service.stopping.is_set() else "serving"}  # fmt: skip
+
+    def deregister(self) -> None:
+        s = self.service
+        try:
+            self.redis.delete(s.keys.worker(s.worker_id))
+            self.redis.zrem(s.keys.workers(), s.worker_id)
+        except redis.RedisError:
+            pass  # the registry entry expires on its own

@@ -1,0 +1,78 @@
+"""Start a worker: load the engine, serve a model's queue, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+import redis
+
+from shared.settings import Settings
+from worker.engine import Engine, EngineConfig
+from worker.heartbeat import Heartbeat
+from worker.model_store import resolve_model
+from worker.service import WorkerService
+
+log = logging.getLogger("tokenq.worker")
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    model: str
+    served_model_name: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int | None = None
+    kv_cache_mib: int | None = None
+    burst: bool = False
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def build_engine(opts: WorkerOptions) -> Engine:
+    config = EngineConfig(model=str(resolve_model(opts.model)), device=opts.device, dtype=opts.dtype)
+    if opts.max_num_seqs is not None:
+        config.max_num_seqs = opts.max_num_seqs
+    if opts.kv_cache_mib is not None:
+        config.kv_cache_mib = opts.kv_cache_mib
+    return Engine(config)
+
+
+def run_worker(settings: Settings, opts: WorkerOptions) -> None:
+    """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty)."""
+    started = time.monotonic()
+    engine = build_engine(opts)
+    model_name = opts.served_model_name or opts.model
+    connection = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    service = WorkerService(engine, connection, settings, model_name, new_worker_id())
+    info = {"model": model_name, "version": VERSION, "pid": os.getpid(),
+            "device": getattr(engine, "device", "cpu"), "max_num_seqs": engine.num_free_slots()}  # fmt: skip
+    heartbeat = Heartbeat(service, redis.Redis.from_url(settings.redis_url), info)
+    heartbeat.beat()
+    heartbeat.start()
+    _install_signal_handlers(service)
+    log.info("worker %s serving %r (ready in %.1fs)", service.worker_id, model_name, time.monotonic() - started)
+    try:
+        service.run(burst=opts.burst)
+        service.drain(settings.drain_timeout_s)
+    finally:
+        heartbeat.stop()
+    log.info("worker %s stopped", service.worker_id)
+
+
+def _install_signal_handlers(service: WorkerService) -> None:
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: no more claims; draining", signal.Signals(signum).name)
+        service.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
