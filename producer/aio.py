@@ -94,7 +94,7 @@ class AsyncHandle:
         return status_from_hash(self.id, decode_hash(raw, STATUS_FIELDS), rank)
 
     async def position(self) -> int | None:
-        rank = await self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
+        rank: Any = await self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
         return None if rank is None else int(rank)
 
     async def cancel(self) -> str:
@@ -119,7 +119,7 @@ class AsyncHandle:
 
     async def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[Any]:
         key = self.client.keys.stream(self.id)
-        reply = await self.client.redis.xread({key: cursor}, block=block_ms, count=512)
+        reply: Any = await self.client.redis.xread({key: cursor}, block=block_ms, count=512)
         return reply[0][1] if reply else []
 
     async def result(self, timeout: float | None = None) -> Result:

@@ -10,16 +10,20 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import redis
 import typer
 from rich.console import Console
 
+from producer.admin import Admin
 from producer.client import Client, Handle
-from producer.embedded import EmbeddedRedis, up_state_file, wait_for_redis
+from producer.embedded import EmbeddedRedis, up_state_file
 from shared.errors import TokenqError
 from shared.models import FinalEvent, TokenEvent
+from shared.registry import mark_served
 from shared.settings import DEFAULT_MODEL, Settings
 
 app = typer.Typer(help="tokenq: prioritized LLM generation through Redis.", no_args_is_help=True)
@@ -27,7 +31,9 @@ console = Console(stderr=True)
 
 RedisOpt = Annotated[
     str | None,
-    typer.Option("--redis", help="Redis URL (default: TOKENQ_REDIS_URL, else a running `tokenq up`)"),
+    typer.Option(
+        "--redis", help="Redis URL (default: TOKENQ_REDIS_URL, else a running `tokenq up`)"
+    ),
 ]
 ModelOpt = Annotated[str, typer.Option(help="model name or local path")]
 
@@ -61,9 +67,15 @@ def worker(
     from worker.main import WorkerOptions, run_worker
 
     _logging(log_level)
-    opts = WorkerOptions(model=model, served_model_name=served_model_name, device=device,
-                         dtype=dtype, max_num_seqs=max_num_seqs, kv_cache_mib=kv_cache_mib,
-                         burst=burst)  # fmt: skip
+    opts = WorkerOptions(
+        model=model,
+        served_model_name=served_model_name,
+        device=device,
+        dtype=dtype,
+        max_num_seqs=max_num_seqs,
+        kv_cache_mib=kv_cache_mib,
+        burst=burst,
+    )
     run_worker(settings_for(redis_url), opts)
 
 
@@ -77,6 +89,8 @@ def up(model: ModelOpt = DEFAULT_MODEL, log_level: str = "INFO") -> None:
     state.write_text(server.url)
     cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", server.url, "--model", model]
     proc = subprocess.Popen(cmd)
+    with Client(settings=Settings(redis_url=server.url)) as client:
+        announce_model(client, model)
     console.print(f"[bold]tokenq is up[/]: Redis {server.url} ({server.kind}), worker on {model}")
     console.print('From another shell:  [bold]tokenq submit "Tell me a joke" --stream[/]')
     try:
@@ -101,15 +115,69 @@ def submit(
     stream: Annotated[bool, typer.Option(help="print tokens as they arrive")] = False,
 ) -> None:
     """Submit PROMPT and print the answer."""
-    settings = settings_for(redis_url)
+    with _errors(), _client(redis_url) as client:
+        text = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
+        handle = client.submit(
+            **text, model=model, priority=priority, max_tokens=max_tokens, temperature=temperature
+        )
+        console.print(f"[dim]request {handle.id} queued at position {handle.position()}[/]")
+        _print_stream(handle) if stream else _print_result(handle)
+
+
+dead_app = typer.Typer(help="The dead-letter set: requests that could not be run.")
+app.add_typer(dead_app, name="dead")
+
+
+def _client(redis_url: str | None) -> Client:
+    return Client(settings=settings_for(redis_url))
+
+
+@app.command()
+def cancel(request_id: str, redis_url: RedisOpt = None) -> None:
+    """Cancel a request: removed at once if queued, stopped within a step if running."""
+    with _errors(), _client(redis_url) as client:
+        print(client.handle(request_id).cancel())
+
+
+@app.command()
+def status(request_id: str, redis_url: RedisOpt = None) -> None:
+    """Print a request's status as JSON."""
+    with _errors(), _client(redis_url) as client:
+        print(client.handle(request_id).status().model_dump_json(indent=2))
+
+
+@dead_app.command("list")
+def dead_list(redis_url: RedisOpt = None, limit: int = 100) -> None:
+    """List dead-lettered requests with their reasons."""
+    with _errors(), _client(redis_url) as client:
+        entries = Admin(client).dead(limit)
+        for e in entries:
+            print(f"{e.request_id}  {e.model}  {e.reason}")
+        console.print(f"[dim]{len(entries)} dead-lettered[/]")
+
+
+@dead_app.command("retry")
+def dead_retry(request_id: str, redis_url: RedisOpt = None) -> None:
+    """Queue a dead-lettered request again, from the start."""
+    with _errors(), _client(redis_url) as client:
+        if not Admin(client).retry(request_id):
+            console.print(f"[red]error:[/] {request_id} is not in the dead-letter set")
+            raise typer.Exit(1)
+        print(f"{request_id} queued again")
+
+
+@dead_app.command("purge")
+def dead_purge(redis_url: RedisOpt = None) -> None:
+    """Delete every dead-lettered request."""
+    with _errors(), _client(redis_url) as client:
+        print(f"purged {Admin(client).purge()} request(s)")
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn tokenq and connection errors into one red line and exit code 1."""
     try:
-        wait_for_redis(settings.redis_url, timeout_s=2)
-        with Client(settings=settings) as client:
-            text = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
-            handle = client.submit(**text, model=model, priority=priority, max_tokens=max_tokens,
-                                   temperature=temperature)  # fmt: skip
-            console.print(f"[dim]request {handle.id} queued at position {handle.position()}[/]")
-            _print_stream(handle) if stream else _print_result(handle)
+        yield
     except (TokenqError, redis.ConnectionError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
@@ -128,7 +196,9 @@ def _print_stream(handle: Handle) -> None:
 def _print_result(handle: Handle) -> None:
     result = handle.result()
     print(result.text)
-    console.print(f"[dim]finish: {result.finish_reason}, {result.usage.completion_tokens} tokens[/]")
+    console.print(
+        f"[dim]finish: {result.finish_reason}, {result.usage.completion_tokens} tokens[/]"
+    )
 
 
 def _print_final(final: FinalEvent) -> None:
@@ -139,8 +209,17 @@ def _print_final(final: FinalEvent) -> None:
     )
 
 
+def announce_model(client: Client, model: str) -> None:
+    """Mark MODEL as served right away, so submits are accepted while it loads."""
+    pipe = client.redis.pipeline(transaction=False)
+    mark_served(pipe, client.keys, client.settings, model)
+    pipe.execute()
+
+
 def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def main() -> None:

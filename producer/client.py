@@ -57,13 +57,17 @@ class Client:
     def submit_request(self, request: GenerationRequest | Mapping[str, Any]) -> Handle:
         return self.submit_many([request])[0]
 
-    def submit_many(self, requests: Iterable[GenerationRequest | Mapping[str, Any]]) -> list[Handle]:
+    def submit_many(
+        self, requests: Iterable[GenerationRequest | Mapping[str, Any]]
+    ) -> list[Handle]:
         """Validate all, then enqueue all in one round trip. A full queue raises QueueFull
         for the first request that did not fit; the ones before it stay accepted."""
         reqs = [validate_request(self.settings, r) for r in requests]
         pipe = self.redis.pipeline(transaction=False)
         for req in reqs:
-            self._scripts.run(enqueue_call(self.keys, self.settings, new_request_id(req.model), req), pipe)
+            self._scripts.run(
+                enqueue_call(self.keys, self.settings, new_request_id(req.model), req), pipe
+            )
         replies = pipe.execute(raise_on_error=True)
         return [self._handle(reply, req) for reply, req in zip(replies, reqs, strict=True)]
 
@@ -95,7 +99,7 @@ class Handle:
 
     def position(self) -> int | None:
         """Requests ahead of this one in its queue (0: next), or None once claimed."""
-        rank = self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
+        rank: Any = self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
         return None if rank is None else int(rank)
 
     def cancel(self) -> str:
@@ -123,7 +127,7 @@ class Handle:
 
     def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[Any]:
         key = self.client.keys.stream(self.id)
-        reply = self.client.redis.xread({key: cursor}, block=block_ms, count=512)
+        reply: Any = self.client.redis.xread({key: cursor}, block=block_ms, count=512)
         return reply[0][1] if reply else []
 
     def result(self, timeout: float | None = None) -> Result:

@@ -46,9 +46,23 @@ class EmbeddedRedis:
 
     def _start_server(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="tokenq-redis-")
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", self._dir, "--appendonly", "yes", "--appendfsync", "everysec",
-                "--maxmemory-policy", "noeviction", "--save", ""]  # fmt: skip
+        args = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self._dir,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+        ]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
         self.kind = "redis-server"
 
@@ -68,6 +82,24 @@ class EmbeddedRedis:
             self._fake.shutdown()  # type: ignore[attr-defined]
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def shipped_config_args() -> list[str]:
+    """deploy/redis.conf as redis-server arguments (when running from a checkout),
+    else the same settings spelled out."""
+    conf = Path(__file__).parents[1] / "deploy" / "redis.conf"
+    if conf.exists():
+        return [str(conf)]
+    return [
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--maxmemory-policy",
+        "noeviction",
+        "--save",
+        "",
+    ]
 
 
 def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:

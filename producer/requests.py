@@ -43,9 +43,13 @@ def build_request(
     return validate_request(settings, fields)
 
 
-def validate_request(settings: Settings, data: GenerationRequest | Mapping[str, Any]) -> GenerationRequest:
+def validate_request(
+    settings: Settings, data: GenerationRequest | Mapping[str, Any]
+) -> GenerationRequest:
     try:
-        req = data if isinstance(data, GenerationRequest) else GenerationRequest.model_validate(data)
+        req = (
+            data if isinstance(data, GenerationRequest) else GenerationRequest.model_validate(data)
+        )
     except ValidationError as e:
         raise InvalidRequest(describe_validation_error(e)) from e
     if req.prompt_chars() > settings.max_prompt_chars:

@@ -22,6 +22,18 @@ class QueueFull(TokenqError):
         self.retry_after_s = retry_after_s
 
 
+class UnknownModel(InvalidRequest):
+    """No worker has served this model recently."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"model {model!r} is not served by any worker: start one with "
+            f"`tokenq worker --model {model}` (or set TOKENQ_REQUIRE_KNOWN_MODEL=false "
+            f"to queue requests for it anyway)"
+        )
+        self.model = model
+
+
 class DuplicateRequest(TokenqError):
     """An idempotency key matched an earlier request (carries its id)."""
 

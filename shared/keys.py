@@ -63,6 +63,19 @@ class Keys:
     def wakeup(self, tag: str) -> str:
         return self._q(tag, "wakeup")
 
+    def deadlines(self, tag: str) -> str:
+        return self._q(tag, "deadlines")
+
+    def served(self, tag: str) -> str:
+        """Present while some worker has served the model recently (see enqueue.lua)."""
+        return self._q(tag, "served")
+
+    def reaper_lock(self, tag: str) -> str:
+        return self._q(tag, "reaper")
+
+    def paused(self, tag: str) -> str:
+        return self._q(tag, "paused")
+
     def idempotency(self, tag: str, key: str) -> str:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return self._q(tag, f"idem:{digest}")

@@ -69,9 +69,7 @@ class GenerationRequest(_Strict):
     sampling: SamplingParams = SamplingParams()
     deadline_ms: int | None = Field(None, ge=0, description="unix time in ms")
     idempotency_key: str | None = Field(None, min_length=1, max_length=256)
-    metadata: dict[str, MetadataValue] = Field(
-        default_factory=dict, max_length=MAX_METADATA_ITEMS
-    )
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=MAX_METADATA_ITEMS)
 
     @field_validator("priority", mode="before")
     @classmethod

@@ -12,9 +12,20 @@ from shared.errors import NotFound
 from shared.models import Event, FinalEvent, RequestState, RequestStatus, Result, StreamEvent
 
 STATUS_FIELDS = (
-    "model", "state", "priority", "attempts", "worker", "num_generated", "created_ms",
-    "started_ms", "first_token_ms", "finished_ms", "deadline_ms", "finish_reason", "cancel",
-)  # fmt: skip
+    "model",
+    "state",
+    "priority",
+    "attempts",
+    "worker",
+    "num_generated",
+    "created_ms",
+    "started_ms",
+    "first_token_ms",
+    "finished_ms",
+    "deadline_ms",
+    "finish_reason",
+    "cancel",
+)
 RESULT_FIELDS = ("model", "state", "final", "output")
 
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
@@ -34,7 +45,7 @@ def status_from_hash(request_id: str, h: dict[str, str], position: int | None) -
         raise NotFound(f"request {request_id} does not exist (or has expired)")
     return RequestStatus(
         id=request_id,
-        model=h["model"],
+        model=h.get("model", ""),
         state=RequestState(h["state"]),
         priority=int(h["priority"]),
         attempts=int(h.get("attempts", 0)),
@@ -61,7 +72,7 @@ def result_from_hash(request_id: str, h: dict[str, str]) -> Result | None:
     output = orjson.loads(h.get("output", '{"text": "", "token_ids": []}'))
     return Result(
         id=request_id,
-        model=h["model"],
+        model=h.get("model", ""),
         text=output["text"],
         token_ids=output["token_ids"],
         finish_reason=final.finish_reason,

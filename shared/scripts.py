@@ -15,13 +15,23 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from shared.errors import QueueFull
+from shared.errors import QueueFull, UnknownModel
 from shared.keys import Keys, model_tag, tag_of
 from shared.models import GenerationRequest, dumps
 from shared.priority import MAX_PRIORITY
 from shared.settings import Settings
 
-SCRIPT_NAMES = ("enqueue", "claim", "publish", "finish", "cancel", "renew")
+SCRIPT_NAMES = (
+    "enqueue",
+    "claim",
+    "publish",
+    "finish",
+    "cancel",
+    "renew",
+    "reap",
+    "release",
+    "retry",
+)
 ARG = str | int | float
 
 
@@ -40,19 +50,27 @@ class ScriptCall:
 
 
 class Scripts:
-    """The scripts registered on one sync connection (EVALSHA, loaded on first use)."""
+    """The scripts registered on one sync connection (EVALSHA after one SCRIPT LOAD)."""
 
     def __init__(self, client: redis.Redis) -> None:
+        self._client = client
         self._by_name = {n: client.register_script(load_source(n)) for n in SCRIPT_NAMES}
-        # Load up front rather than on the first NOSCRIPT: fakeredis's TCP server
-        # (the fallback of `tokenq up`) drops the connection on that error.
-        pipe = client.pipeline(transaction=False)
+        self._loaded = False
+
+    def run(self, call: ScriptCall, pipe: redis.client.Pipeline | None = None) -> Any:
+        if not self._loaded:
+            self._load()
+        return self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
+
+    def _load(self) -> None:
+        # Load every script before the first EVALSHA rather than on a NOSCRIPT reply:
+        # fakeredis's TCP server (the fallback of `tokenq up`) drops the connection on
+        # that error. After a Redis restart redis-py reloads on NOSCRIPT by itself.
+        pipe = self._client.pipeline(transaction=False)
         for script in self._by_name.values():
             pipe.script_load(script.script)
         pipe.execute()
-
-    def run(self, call: ScriptCall, pipe: redis.client.Pipeline | None = None) -> Any:
-        return self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
+        self._loaded = True
 
 
 class AsyncScripts:
@@ -91,69 +109,111 @@ class Claimed:
     num_generated: int
 
 
-def enqueue_call(keys: Keys, settings: Settings, request_id: str, req: GenerationRequest) -> ScriptCall:
+def enqueue_call(
+    keys: Keys, settings: Settings, request_id: str, req: GenerationRequest
+) -> ScriptCall:
     tag = model_tag(req.model)
     idem = req.idempotency_key or ""
     return ScriptCall(
         "enqueue",
-        [keys.queue(tag), keys.seq(tag), keys.request(request_id),
-         keys.idempotency(tag, idem), keys.wakeup(tag)],
-        [request_id, dumps(req).decode(), int(req.priority), settings.max_queued,
-         settings.idempotency_ttl_s, idem, "" if req.deadline_ms is None else req.deadline_ms,
-         req.model, keys.lifecycle_channel(), MAX_PRIORITY],
-    )  # fmt: skip
+        [
+            keys.queue(tag),
+            keys.seq(tag),
+            keys.request(request_id),
+            keys.idempotency(tag, idem),
+            keys.wakeup(tag),
+            keys.deadlines(tag),
+            keys.served(tag),
+        ],
+        [
+            request_id,
+            dumps(req).decode(),
+            int(req.priority),
+            settings.max_queued,
+            settings.idempotency_ttl_s,
+            idem,
+            "" if req.deadline_ms is None else req.deadline_ms,
+            req.model,
+            keys.lifecycle_channel(),
+            MAX_PRIORITY,
+            "1" if settings.require_known_model else "0",
+        ],
+    )
 
 
 def parse_enqueue(reply: list[Any], model: str, settings: Settings) -> Enqueued:
     status, value = _text(reply[0]), _text(reply[1])
     if status == "full":
         raise QueueFull(model, settings.max_queued)
+    if status == "unknown_model":
+        raise UnknownModel(model)
     return Enqueued(request_id=value, duplicate=status == "duplicate")
 
 
-def claim_call(keys: Keys, settings: Settings, tag: str, worker_id: str, ids: list[str]) -> ScriptCall:
+def claim_call(
+    keys: Keys, settings: Settings, tag: str, worker_id: str, ids: list[str]
+) -> ScriptCall:
     per_request = [k for rid in ids for k in (keys.request(rid), keys.stream(rid))]
     return ScriptCall(
         "claim",
-        [keys.queue(tag), keys.leases(tag), keys.owners(tag), *per_request],
+        [keys.queue(tag), keys.leases(tag), keys.owners(tag), keys.deadlines(tag), *per_request],
         [worker_id, settings.lease_ms, settings.result_ttl_s, keys.lifecycle_channel(), *ids],
     )
 
 
 def parse_claim(reply: list[Any]) -> list[Claimed]:
     rows = [reply[i : i + 5] for i in range(0, len(reply), 5)]
-    return [
-        Claimed(_text(r[0]), _text(r[1]), _text(r[2]), int(r[3]), int(r[4])) for r in rows
-    ]
+    return [Claimed(_text(r[0]), _text(r[1]), _text(r[2]), int(r[3]), int(r[4])) for r in rows]
 
 
-def publish_call(keys: Keys, request_id: str, token: str, event_json: bytes, num_tokens: int) -> ScriptCall:
+def publish_call(
+    keys: Keys, request_id: str, token: str, event_json: bytes, index: int, num_tokens: int
+) -> ScriptCall:
     tag = tag_of(request_id)
     return ScriptCall(
         "publish",
         [keys.owners(tag), keys.request(request_id), keys.stream(request_id)],
-        [request_id, token, event_json.decode(), num_tokens],
+        [request_id, token, event_json.decode(), num_tokens, index],
     )
 
 
 def finish_call(
-    keys: Keys, settings: Settings, request_id: str, token: str, final_json: bytes,
-    output_json: bytes, state: str,
-) -> ScriptCall:  # fmt: skip
+    keys: Keys,
+    settings: Settings,
+    request_id: str,
+    token: str,
+    final_json: bytes,
+    output_json: bytes,
+    state: str,
+) -> ScriptCall:
     tag = tag_of(request_id)
     return ScriptCall(
         "finish",
-        [keys.owners(tag), keys.leases(tag), keys.request(request_id), keys.stream(request_id)],
-        [request_id, token, final_json.decode(), output_json.decode(), state,
-         settings.result_ttl_s, keys.lifecycle_channel()],
-    )  # fmt: skip
+        [
+            keys.owners(tag),
+            keys.leases(tag),
+            keys.request(request_id),
+            keys.stream(request_id),
+            keys.dead(tag),
+            keys.deadlines(tag),
+        ],
+        [
+            request_id,
+            token,
+            final_json.decode(),
+            output_json.decode(),
+            state,
+            settings.result_ttl_s,
+            keys.lifecycle_channel(),
+        ],
+    )
 
 
 def cancel_call(keys: Keys, settings: Settings, request_id: str) -> ScriptCall:
     tag = tag_of(request_id)
     return ScriptCall(
         "cancel",
-        [keys.queue(tag), keys.request(request_id), keys.stream(request_id)],
+        [keys.queue(tag), keys.request(request_id), keys.stream(request_id), keys.deadlines(tag)],
         [request_id, settings.result_ttl_s, keys.lifecycle_channel()],
     )
 
@@ -169,3 +229,68 @@ def renew_call(keys: Keys, settings: Settings, tag: str, held: dict[str, str]) -
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Reaped:
+    requeued: int = 0
+    dead: int = 0
+    expired: int = 0
+
+
+def reap_call(keys: Keys, settings: Settings, tag: str, ids: list[str]) -> ScriptCall:
+    per_request = [k for rid in ids for k in (keys.request(rid), keys.stream(rid))]
+    return ScriptCall(
+        "reap",
+        [
+            keys.leases(tag),
+            keys.owners(tag),
+            keys.queue(tag),
+            keys.dead(tag),
+            keys.deadlines(tag),
+            keys.wakeup(tag),
+            *per_request,
+        ],
+        [
+            settings.max_attempts,
+            settings.result_ttl_s,
+            keys.lifecycle_channel(),
+            MAX_PRIORITY,
+            *ids,
+        ],
+    )
+
+
+def parse_reap(reply: list[Any]) -> Reaped:
+    return Reaped(*(int(x) for x in reply))
+
+
+def release_call(keys: Keys, tag: str, held: dict[str, str]) -> ScriptCall:
+    pairs = [x for item in held.items() for x in item]
+    return ScriptCall(
+        "release",
+        [
+            keys.leases(tag),
+            keys.owners(tag),
+            keys.queue(tag),
+            keys.wakeup(tag),
+            *(keys.request(rid) for rid in held),
+        ],
+        [keys.lifecycle_channel(), MAX_PRIORITY, *pairs],
+    )
+
+
+def retry_call(keys: Keys, request_id: str) -> ScriptCall:
+    tag = tag_of(request_id)
+    return ScriptCall(
+        "retry",
+        [
+            keys.dead(tag),
+            keys.queue(tag),
+            keys.seq(tag),
+            keys.request(request_id),
+            keys.stream(request_id),
+            keys.wakeup(tag),
+        ],
+        [request_id, keys.lifecycle_channel(), MAX_PRIORITY],
+    )

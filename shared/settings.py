@@ -17,6 +17,10 @@ class Settings(BaseSettings):
     # Backpressure: queued requests allowed per model before submit raises QueueFull.
     max_queued: int = Field(10_000, ge=1)
     max_prompt_chars: int = Field(200_000, ge=1)
+    # Refuse a model that no worker has served for served_ttl_s (UnknownModel),
+    # rather than let its requests wait for a worker that may never come.
+    require_known_model: bool = True
+    served_ttl_s: int = Field(24 * 3600, ge=1)
     # How long a finished request, its stream and its idempotency key are kept.
     result_ttl_s: int = Field(24 * 3600, ge=1)
     idempotency_ttl_s: int = Field(24 * 3600, ge=1)

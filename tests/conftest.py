@@ -12,7 +12,9 @@ import redis
 
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
-from shared.settings import Settings
+from shared.keys import Keys
+from shared.registry import mark_served
+from shared.settings import DEFAULT_MODEL, Settings
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +59,15 @@ def make_settings() -> Callable[..., Settings]:
     return make
 
 
+def serve(connection: redis.Redis, *models: str) -> None:
+    """Mark models as served, as a worker's heartbeat does, so submits accept them."""
+    pipe = connection.pipeline()
+    for model in models:
+        mark_served(pipe, Keys(), Settings(), model)
+    pipe.execute()
+
+
 @pytest.fixture
 def client(any_redis: redis.Redis, make_settings: Callable[..., Settings]) -> Client:
+    serve(any_redis, DEFAULT_MODEL, "m")
     return Client(connection=any_redis, settings=make_settings(max_queued=50))

@@ -16,7 +16,9 @@ def _load(model_dir: Path) -> tuple[object, object]:
     return model, tokenizer
 
 
-def greedy_reference(model_dir: Path, prompts: list[tuple[str, bool]], max_tokens: int) -> list[list[int]]:
+def greedy_reference(
+    model_dir: Path, prompts: list[tuple[str, bool]], max_tokens: int
+) -> list[list[int]]:
     """Greedy completion token ids for each (text, is_chat) prompt, generated alone."""
     import torch
 
@@ -26,9 +28,11 @@ def greedy_reference(model_dir: Path, prompts: list[tuple[str, bool]], max_token
         ids = _encode(tokenizer, text, chat)
         with torch.inference_mode():
             out = model.generate(  # type: ignore[attr-defined]
-                torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False,
+                torch.tensor([ids]),
+                max_new_tokens=max_tokens,
+                do_sample=False,
                 attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            )  # fmt: skip
+            )
         outputs.append(_trim_eos(out[0, len(ids) :].tolist(), tokenizer))
     return outputs
 

@@ -1,5 +1,6 @@
-"""The heartbeat: renews leases and the registry entry on its own thread, so a slow
-model step never lets a lease lapse."""
+"""The heartbeat: renews leases, the registry entry and the served marker on its own
+thread, so a slow model step never lets a lease lapse; and sweeps for requests
+whose worker died."""
 
 from __future__ import annotations
 
@@ -10,20 +11,27 @@ from typing import Any
 
 import redis
 
-from shared.scripts import renew_call
-from worker.service import CANCEL_REQUESTED, LEASE_LOST, WorkerService
+from shared.reaper import reap_once
+from shared.registry import mark_served
+from shared.scripts import Scripts, renew_call
+from worker.publisher import CANCEL_REQUESTED, LEASE_LOST
+from worker.service import WorkerService
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, service: WorkerService, connection: redis.Redis, info: dict[str, Any]) -> None:
+    def __init__(
+        self, service: WorkerService, connection: redis.Redis, info: dict[str, Any]
+    ) -> None:
         super().__init__(name="tokenq-heartbeat", daemon=True)
         self.service = service
         self.redis = connection
+        self.scripts = Scripts(connection)
         self.info = info
         self.done = threading.Event()
-        self.interval_s = min(service.settings.lease_ms / 3, service.settings.worker_heartbeat_ms) / 1000
+        settings = service.settings
+        self.interval_s = min(settings.lease_ms / 3, settings.worker_heartbeat_ms) / 1000
         self._last_tokens = 0
         self._last_time = time.monotonic()
 
@@ -31,6 +39,7 @@ class Heartbeat(threading.Thread):
         while not self.done.wait(self.interval_s):
             try:
                 self.beat()
+                self.reap()
             except redis.RedisError as e:
                 log.warning("heartbeat failed (%s); retrying", e)
 
@@ -44,11 +53,22 @@ class Heartbeat(threading.Thread):
         held = s.held_leases()
         pipe = self.redis.pipeline(transaction=False)
         if held:
-            s.scripts.run(renew_call(s.keys, s.settings, s.tag, held), pipe)
+            self.scripts.run(renew_call(s.keys, s.settings, s.tag, held), pipe)
         self._register(pipe)
         replies = pipe.execute()
         if held:
             self._apply(list(held), replies[0])
+
+    def reap(self) -> None:
+        s = self.service
+        reaped = reap_once(self.redis, self.scripts, s.settings, s.tag, s.worker_id)
+        if reaped is not None and (reaped.requeued or reaped.dead or reaped.expired):
+            log.info(
+                "reaper: %d requeued, %d dead-lettered, %d expired",
+                reaped.requeued,
+                reaped.dead,
+                reaped.expired,
+            )
 
     def _apply(self, ids: list[str], codes: list[int]) -> None:
         for request_id, code in zip(ids, codes, strict=True):
@@ -65,14 +85,17 @@ class Heartbeat(threading.Thread):
         pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
         pipe.pexpire(key, s.settings.worker_heartbeat_ms * 5)
         pipe.zadd(s.keys.workers(), {s.worker_id: time.time()})
-        pipe.hset(s.keys.models(), s.tag, s.model)
+        mark_served(pipe, s.keys, s.settings, s.model)
 
     def _figures(self) -> dict[str, Any]:
         now, tokens = time.monotonic(), self.service.num_generated_tokens
         rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
         self._last_tokens, self._last_time = tokens, now
-        return {"running": len(self.service.held), "tokens_per_s": round(rate, 1),
-                "state": "draining" if self.service.stopping.is_set() else "serving"}  # fmt: skip
+        return {
+            "running": len(self.service.held),
+            "tokens_per_s": round(rate, 1),
+            "state": "draining" if self.service.stopping.is_set() else "serving",
+        }
 
     def deregister(self) -> None:
         s = self.service

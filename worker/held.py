@@ -28,14 +28,21 @@ class Held:
     num_prompt_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
+    aborting: bool = False
 
     def record(self, token_ids: list[int], text: str) -> None:
         self.token_ids.extend(token_ids)
         self.text_parts.append(text)
 
-    def output_json(self) -> bytes:
-        return orjson.dumps({"text": "".join(self.text_parts), "token_ids": self.token_ids})
+    def output_json(self, more_ids: list[int] = (), more_text: str = "") -> bytes:  # type: ignore[assignment]
+        """The result's text and ids, with this step's not yet recorded tokens."""
+        text = "".join(self.text_parts) + more_text
+        return orjson.dumps({"text": text, "token_ids": [*self.token_ids, *more_ids]})
 
-    def final(self, reason: FinishReason, error: str | None = None) -> FinalEvent:
-        usage = Usage(prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids))
+    def final(
+        self, reason: FinishReason, num_more: int = 0, error: str | None = None
+    ) -> FinalEvent:
+        usage = Usage(
+            prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids) + num_more
+        )
         return FinalEvent(finish_reason=reason, usage=usage, error=error)

@@ -13,6 +13,8 @@ from types import FrameType
 
 import redis
 
+from shared.keys import Keys
+from shared.registry import mark_served
 from shared.settings import Settings
 from worker.engine import Engine, EngineConfig
 from worker.heartbeat import Heartbeat
@@ -39,7 +41,9 @@ def new_worker_id() -> str:
 
 
 def build_engine(opts: WorkerOptions) -> Engine:
-    config = EngineConfig(model=str(resolve_model(opts.model)), device=opts.device, dtype=opts.dtype)
+    config = EngineConfig(
+        model=str(resolve_model(opts.model)), device=opts.device, dtype=opts.dtype
+    )
     if opts.max_num_seqs is not None:
         config.max_num_seqs = opts.max_num_seqs
     if opts.kv_cache_mib is not None:
@@ -50,23 +54,41 @@ def build_engine(opts: WorkerOptions) -> Engine:
 def run_worker(settings: Settings, opts: WorkerOptions) -> None:
     """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty)."""
     started = time.monotonic()
-    engine = build_engine(opts)
     model_name = opts.served_model_name or opts.model
     connection = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    announce(connection, settings, model_name)
+    engine = build_engine(opts)
     service = WorkerService(engine, connection, settings, model_name, new_worker_id())
-    info = {"model": model_name, "version": VERSION, "pid": os.getpid(),
-            "device": getattr(engine, "device", "cpu"), "max_num_seqs": engine.num_free_slots()}  # fmt: skip
+    info = {
+        "model": model_name,
+        "version": VERSION,
+        "pid": os.getpid(),
+        "device": getattr(engine, "device", "cpu"),
+        "max_num_seqs": engine.num_free_slots(),
+    }
     heartbeat = Heartbeat(service, redis.Redis.from_url(settings.redis_url), info)
     heartbeat.beat()
     heartbeat.start()
     _install_signal_handlers(service)
-    log.info("worker %s serving %r (ready in %.1fs)", service.worker_id, model_name, time.monotonic() - started)
+    log.info(
+        "worker %s serving %r (ready in %.1fs)",
+        service.worker_id,
+        model_name,
+        time.monotonic() - started,
+    )
     try:
         service.run(burst=opts.burst)
         service.drain(settings.drain_timeout_s)
     finally:
         heartbeat.stop()
     log.info("worker %s stopped", service.worker_id)
+
+
+def announce(connection: redis.Redis, settings: Settings, model: str) -> None:
+    """Say the model is served before loading it, so requests queue meanwhile."""
+    pipe = connection.pipeline(transaction=False)
+    mark_served(pipe, Keys(settings.namespace), settings, model)
+    pipe.execute()
 
 
 def _install_signal_handlers(service: WorkerService) -> None:

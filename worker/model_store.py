@@ -78,7 +78,7 @@ def convert_gguf(gguf: Path, target: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The weights are dequantized in memory: drop the GGUF quantizer so that
         # transformers writes plain safetensors.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         del model.config.quantization_config
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

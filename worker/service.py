@@ -6,33 +6,52 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 
 from shared.keys import REQUEST_ID_RE, Keys, model_tag
-from shared.models import FinishReason, GenerationRequest, TokenEvent, dumps
+from shared.models import FinishReason, GenerationRequest, TokenEvent
 from shared.records import stream_event
-from shared.scripts import Claimed, Scripts, claim_call, finish_call, parse_claim, publish_call
+from shared.scripts import Claimed, Scripts, claim_call, parse_claim, release_call
 from shared.settings import Settings
 from worker.engine import Engine, EngineRequest, RequestOutput
-from worker.held import STATE_OF_REASON, Held
+from worker.held import Held
+from worker.publisher import end_call, plan_step, settle
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5
-LEASE_LOST, PUBLISHED, CANCEL_REQUESTED = 0, 1, 2
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class Backoff:
+    """Exponential backoff with a ceiling, for reconnecting to Redis."""
+
+    def __init__(self, first_s: float = 0.1, max_s: float = 5.0) -> None:
+        self.first_s, self.max_s, self.next_s = first_s, max_s, first_s
+
+    def wait(self) -> float:
+        delay, self.next_s = self.next_s, min(self.next_s * 2, self.max_s)
+        time.sleep(delay)
+        return delay
+
+    def reset(self) -> None:
+        self.next_s = self.first_s
 
 
 class WorkerService:
     """Feeds one engine from one model's queue and publishes what it produces."""
 
     def __init__(
-        self, engine: Engine, connection: redis.Redis, settings: Settings, model: str,
+        self,
+        engine: Engine,
+        connection: redis.Redis,
+        settings: Settings,
+        model: str,
         worker_id: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.engine = engine
         self.redis = connection
         self.settings = settings
@@ -45,42 +64,112 @@ class WorkerService:
         self.held_lock = threading.Lock()
         self.stopping = threading.Event()
         self.num_generated_tokens = 0
+        self.pending: list[RequestOutput] = []  # a step whose publish has not gone through
         # Filled by the heartbeat thread, applied by the loop between steps.
         self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
 
-    def run(self, burst: bool = False, should_stop: Callable[[], bool] | None = None) -> None:
-        """Serve until stopped; ``burst`` returns once the queue and the engine are empty."""
-        stop = should_stop or self.stopping.is_set
-        while not stop():
-            self._apply_heartbeat_news()
-            claimed = self.intake()
-            if self.engine.has_unfinished_requests():
-                self.publish(self.engine.step())
-            elif not claimed:
-                if burst and not self.redis.zcard(self.keys.queue(self.tag)):
+    def run(self, burst: bool = False) -> None:
+        """Serve until stopped; ``burst`` returns once the queue and the engine are empty.
+        Redis going away pauses the loop (with backoff), never the process."""
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            try:
+                if not self.iterate(burst):
                     return
-                self.redis.blpop([self.keys.wakeup(self.tag)], timeout=IDLE_WAIT_S)
+                backoff.reset()
+            except REDIS_ERRORS as e:
+                log.warning("Redis unreachable (%s); retrying in %.1fs", e, backoff.next_s)
+                backoff.wait()
+
+    def iterate(self, burst: bool = False) -> bool:
+        """One turn of the loop; False when a burst run has nothing left to do."""
+        self.flush()
+        self._apply_heartbeat_news()
+        claimed = self.intake()
+        if self.engine.has_unfinished_requests():
+            self.pending = self.engine.step()
+            self.flush()
+            return True
+        if claimed:
+            return True
+        if burst and not self.redis.zcard(self.keys.queue(self.tag)):
+            return False
+        self.redis.blpop([self.keys.wakeup(self.tag)], timeout=IDLE_WAIT_S)
+        return True
 
     def drain(self, timeout_s: float) -> None:
-        """After a stop: keep stepping what is held, up to ``timeout_s``."""
+        """After a stop: keep stepping what is held, up to ``timeout_s``; hand back
+        whatever is left so that it resumes on another worker."""
         give_up = time.monotonic() + timeout_s
+        backoff = Backoff()
         while self.engine.has_unfinished_requests() and time.monotonic() < give_up:
-            self._apply_heartbeat_news()
-            self.publish(self.engine.step())
+            try:
+                self.flush()
+                self._apply_heartbeat_news()
+                self.pending = self.engine.step()
+                self.flush()
+            except REDIS_ERRORS:
+                backoff.wait()
+        self.release_all()
+
+    def release_all(self) -> int:
+        held = self.held_leases()
+        if not held:
+            return 0
+        released = int(self.scripts.run(release_call(self.keys, self.tag, held)))
+        log.info("handed back %d request(s) to the queue", released)
+        with self.held_lock:
+            self.held.clear()
+        return released
+
+    def flush(self) -> None:
+        """Publish the pending step: every token and final event in one round trip."""
+        if not self.pending:
+            return
+        plan = plan_step(self.keys, self.settings, self.held, self.pending)
+        pipe = self.redis.pipeline(transaction=False)
+        for planned in plan:
+            self.scripts.run(planned.call, pipe)
+        replies = pipe.execute() if plan else []
+        self.pending = []
+        for planned, reply in zip(plan, replies, strict=True):
+            self._act(planned.held, settle(planned, reply), len(planned.output.new_token_ids))
+
+    def _act(self, held: Held, action: str, num_tokens: int) -> None:
+        if action == "ok":
+            self.num_generated_tokens += num_tokens
+        elif action == "cancel":
+            self.num_generated_tokens += num_tokens
+            self._abort(held.request_id, FinishReason.CANCELLED)
+        elif action == "drop":
+            log.warning("lease on %s lost; another worker resumes it", held.request_id)
+            self._drop(held.request_id)
+        else:
+            with self.held_lock:
+                self.held.pop(held.request_id, None)
 
     def _apply_heartbeat_news(self) -> None:
         while not self.lost.empty():
             self._drop(self.lost.get())
         while not self.cancelled.empty():
-            request_id = self.cancelled.get()
-            if request_id in self.held:
-                self.engine.abort_request(request_id, FinishReason.CANCELLED)
+            self._abort(self.cancelled.get(), FinishReason.CANCELLED)
+
+    def _abort(self, request_id: str, reason: FinishReason) -> None:
+        held = self.held.get(request_id)
+        if held is not None and not held.aborting:
+            held.aborting = True
+            self.engine.abort_request(request_id, reason)
+
+    def _drop(self, request_id: str) -> None:
+        self._abort(request_id, FinishReason.CANCELLED)
+        with self.held_lock:
+            self.held.pop(request_id, None)
 
     def intake(self) -> int:
         """Claim as many requests as the engine has room for; returns how many."""
         free = self.engine.num_free_slots()
-        if free <= 0 or self.stopping.is_set():
+        if free <= 0 or self.stopping.is_set() or self._paused():
             return 0
         ids = self._valid_ids(self.redis.zrange(self.keys.queue(self.tag), 0, free - 1))
         if not ids:
@@ -90,6 +179,9 @@ class WorkerService:
         for c in claimed:
             self._admit(c)
         return len(claimed)
+
+    def _paused(self) -> bool:
+        return bool(self.redis.exists(self.keys.paused(self.tag)))
 
     def _valid_ids(self, members: list[Any]) -> list[str]:
         """Queue members that are request ids; anything else was written by hand or by
@@ -105,7 +197,7 @@ class WorkerService:
         try:
             request = GenerationRequest.model_validate_json(claimed.payload)
         except ValidationError as e:
-            self._fail_unreadable(claimed, e)
+            self._dead_letter(claimed, e)
             return
         held = Held(claimed.request_id, claimed.lease_token, request)
         with self.held_lock:
@@ -115,7 +207,7 @@ class WorkerService:
         try:
             self.engine.add_request(self._engine_request(held))
         except ValueError as e:
-            self._finish_now(held, FinishReason.ERROR, str(e))
+            self._end_now(held, FinishReason.ERROR, str(e))
 
     def _engine_request(self, held: Held) -> EngineRequest:
         req = held.request
@@ -126,79 +218,35 @@ class WorkerService:
         held.num_prompt_tokens = len(ids)
         deadline = None if req.deadline_ms is None else req.deadline_ms / 1000
         return EngineRequest(
-            request_id=held.request_id, prompt_token_ids=ids, sampling=req.sampling,
-            priority=req.priority, output_token_ids=list(held.token_ids),
+            request_id=held.request_id,
+            prompt_token_ids=ids,
+            sampling=req.sampling,
+            priority=req.priority,
+            arrival=time.monotonic(),
+            output_token_ids=list(held.token_ids),
             deadline_unix_s=deadline,
-        )  # fmt: skip
+        )
 
     def _restore(self, held: Held) -> None:
         """Take back what earlier attempts published, so generation resumes after it."""
-        for entry_id, fields in self.redis.xrange(self.keys.stream(held.request_id)):
+        entries: Any = self.redis.xrange(self.keys.stream(held.request_id))
+        for entry_id, fields in entries:
             event = stream_event(entry_id, fields).event
             if isinstance(event, TokenEvent):
                 held.record(list(event.token_ids), event.text)
 
-    def publish(self, outputs: list[RequestOutput]) -> None:
-        """One pipelined round trip: every token event and final event of the step."""
-        pipe = self.redis.pipeline(transaction=False)
-        sent: list[tuple[str, Held]] = []
-        for out in outputs:
-            held = self.held.get(out.request_id)
-            if held is None:
-                continue
-            if out.new_token_ids or out.text:
-                self._queue_tokens(pipe, held, out)
-                sent.append(("publish", held))
-            if out.finish_reason is not None:
-                self._queue_finish(pipe, held, out.finish_reason)
-                sent.append(("finish", held))
-        if sent:
-            self._settle(sent, pipe.execute())
-
-    def _queue_tokens(self, pipe: Any, held: Held, out: RequestOutput) -> None:
-        event = TokenEvent(
-            index=out.index, token_ids=tuple(out.new_token_ids), text=out.text,
-            logprobs=tuple(out.logprobs) if out.logprobs else None,
-        )  # fmt: skip
-        held.record(out.new_token_ids, out.text)
-        self.num_generated_tokens += len(out.new_token_ids)
-        call = publish_call(self.keys, held.request_id, held.lease_token, dumps(event), len(out.new_token_ids))
-        self.scripts.run(call, pipe)
-
-    def _queue_finish(self, pipe: Any, held: Held, reason: FinishReason, error: str | None = None) -> None:
-        state = STATE_OF_REASON[reason].value
-        call = finish_call(
-            self.keys, self.settings, held.request_id, held.lease_token,
-            dumps(held.final(reason, error)), held.output_json(), state,
-        )  # fmt: skip
-        self.scripts.run(call, pipe)
+    def _end_now(
+        self, held: Held, reason: FinishReason, error: str, state: str | None = None
+    ) -> None:
+        self.scripts.run(end_call(self.keys, self.settings, held, reason, error=error, state=state))
         with self.held_lock:
             self.held.pop(held.request_id, None)
 
-    def _settle(self, sent: list[tuple[str, Held]], replies: list[Any]) -> None:
-        for (kind, held), reply in zip(sent, replies, strict=True):
-            if reply == LEASE_LOST:
-                log.warning("lease on %s lost; dropping it (another worker resumes it)", held.request_id)
-                self._drop(held.request_id)
-            elif kind == "publish" and reply == CANCEL_REQUESTED:
-                self.engine.abort_request(held.request_id, FinishReason.CANCELLED)
-
-    def _drop(self, request_id: str) -> None:
-        with self.held_lock:
-            gone = self.held.pop(request_id, None)
-        if gone is not None:
-            self.engine.abort_request(request_id, FinishReason.CANCELLED)
-
-    def _finish_now(self, held: Held, reason: FinishReason, error: str | None) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        self._queue_finish(pipe, held, reason, error)
-        pipe.execute()
-
-    def _fail_unreadable(self, claimed: Claimed, error: ValidationError) -> None:
-        log.error("request %s has an unreadable payload: %s", claimed.request_id, error)
-        stub = GenerationRequest(model=self.model, prompt="unreadable")
+    def _dead_letter(self, claimed: Claimed, error: ValidationError) -> None:
+        log.error("request %s has an unreadable payload; dead-lettered", claimed.request_id)
+        stub = GenerationRequest(model=self.model, prompt="(unreadable)")
         held = Held(claimed.request_id, claimed.lease_token, stub)
-        self._finish_now(held, FinishReason.ERROR, f"unreadable payload: {error}")
+        self._end_now(held, FinishReason.ERROR, f"unreadable payload: {error}", state="dead")
 
     def held_leases(self) -> dict[str, str]:
         with self.held_lock:
@@ -207,4 +255,3 @@ class WorkerService:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-

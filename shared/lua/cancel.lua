@@ -1,11 +1,12 @@
 -- cancel: remove a queued request at once, or flag a running one for its worker.
--- KEYS[1] queue   KEYS[2] request hash   KEYS[3] stream
+-- KEYS[1] queue   KEYS[2] request hash   KEYS[3] stream   KEYS[4] deadlines
 -- ARGV[1] id   ARGV[2] ttl s   ARGV[3] lifecycle channel
 -- Returns 'cancelled' | 'requested' (running: its worker stops it) | 'done' (already
 -- ended) | 'missing'
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then return 'missing' end
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('ZREM', KEYS[4], ARGV[1])
   local final = cjson.encode({type = 'final', finish_reason = 'cancelled',
     usage = {prompt_tokens = 0, completion_tokens = 0}, error = cjson.null})
   redis.call('HSET', KEYS[2], 'output', '{"text":"","token_ids":[]}')

@@ -2,7 +2,8 @@
 -- The caller peeks candidates (ZRANGE) and passes their keys; a candidate another
 -- worker took first is skipped, so claims never double-assign.
 -- KEYS[1] queue   KEYS[2] leases (zset id -> expiry ms)   KEYS[3] owners (hash id -> token)
--- KEYS[4 + 2i], KEYS[5 + 2i]: request hash and stream of candidate i (i from 0)
+-- KEYS[4] deadlines
+-- KEYS[5 + 2i], KEYS[6 + 2i]: request hash and stream of candidate i (i from 0)
 -- ARGV[1] worker id   ARGV[2] lease ms   ARGV[3] result ttl s   ARGV[4] lifecycle channel
 -- ARGV[5 + i] candidate id i
 -- Returns a flat list: id, lease token, payload, attempts, num_generated for each claimed
@@ -13,14 +14,15 @@ local expired_json = cjson.encode({type = 'final', finish_reason = 'expired',
   usage = {prompt_tokens = 0, completion_tokens = 0}, error = 'deadline passed while queued'})
 for i = 0, #ARGV - 5 do
   local id = ARGV[5 + i]
-  local h, stream = KEYS[4 + 2 * i], KEYS[5 + 2 * i]
+  local h, stream = KEYS[5 + 2 * i], KEYS[6 + 2 * i]
   if redis.call('ZREM', KEYS[1], id) == 1 then
     local deadline = redis.call('HGET', h, 'deadline_ms')
     if deadline and tonumber(deadline) <= now then
+      redis.call('ZREM', KEYS[4], id)
       finalize(h, stream, id, 'expired', expired_json, now, ARGV[3], ARGV[4])
     else
       local attempts = redis.call('HINCRBY', h, 'attempts', 1)
-      local token = ARGV[1] .. ':' .. attempts
+      local token = ARGV[1] .. ':' .. now .. ':' .. attempts
       redis.call('HSET', h, 'state', 'running', 'worker', ARGV[1], 'lease_token', token)
       redis.call('HSETNX', h, 'started_ms', now)
       redis.call('HSET', KEYS[3], id, token)

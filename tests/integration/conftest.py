@@ -40,10 +40,12 @@ def start_worker(
     def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (tmp_path / f"worker-{len(procs)}.log").open("wb")
         logs.append(log)
-        cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", redis_server.url,
-               "--model", DEFAULT_MODEL, *args]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})  # fmt: skip
+        redis_args = [] if "--redis" in args else ["--redis", redis_server.url]
+        cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL]
+        cmd += [*redis_args, *args]
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         procs.append(proc)
         return proc
 
@@ -54,3 +56,38 @@ def start_worker(
             proc.wait(timeout=30)
     for log in logs:
         log.close()
+
+
+FAULT_ENV = {"TOKENQ_LEASE_MS": "2000", "TOKENQ_WORKER_HEARTBEAT_MS": "400"}
+
+
+@pytest.fixture(scope="session")
+def reference_engine(default_model_dir: Path) -> object:
+    """An in-process engine for uninterrupted reference runs."""
+    from worker.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(model=str(default_model_dir), kv_cache_mib=512))
+
+
+@pytest.fixture
+def reference(reference_engine: object) -> Callable[[list[dict[str, object]]], list[list[int]]]:
+    """Greedy token ids of an uninterrupted run of the given request bodies."""
+    from shared.models import SamplingParams
+    from worker.engine import Engine, EngineRequest
+
+    engine = reference_engine
+    assert isinstance(engine, Engine)
+
+    def run(bodies: list[dict[str, object]]) -> list[list[int]]:
+        reqs = [
+            EngineRequest(
+                f"ref-{i}",
+                engine.encode_chat(body["messages"]),  # type: ignore[arg-type]
+                SamplingParams(max_tokens=body["max_tokens"], temperature=0, ignore_eos=True),  # type: ignore[arg-type]
+            )
+            for i, body in enumerate(bodies)
+        ]
+        outputs = engine.generate(reqs)
+        return [[t for o in outputs[r.request_id] for t in o.new_token_ids] for r in reqs]
+
+    return run

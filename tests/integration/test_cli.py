@@ -40,8 +40,14 @@ class Output(threading.Thread):
 
 
 @pytest.mark.parametrize("redis_kind", ["redis-server", "fakeredis"])
-def test_up_then_submit_streams_an_answer(tmp_path: Path, default_model_dir: Path, redis_kind: str) -> None:
-    env = {**os.environ, "HOME": str(tmp_path), "TOKENQ_MODEL_CACHE_DIR": str(default_model_dir.parent)}
+def test_up_then_submit_streams_an_answer(
+    tmp_path: Path, default_model_dir: Path, redis_kind: str
+) -> None:
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "TOKENQ_MODEL_CACHE_DIR": str(default_model_dir.parent),
+    }
     env.pop("TOKENQ_REDIS_URL", None)
     if redis_kind == "fakeredis":  # a machine without redis-server
         env["PATH"] = str(Path(sys.executable).parent)
@@ -56,10 +62,20 @@ def _run_against_up(up: subprocess.Popen[str], env: dict[str, str], redis_kind: 
     try:
         assert redis_kind in output.wait_until_up()
         submit = subprocess.run(
-            _tokenq("submit", "What is the capital of France?", "--priority", "high", "--stream",
-                    "--max-tokens", "16"),
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            _tokenq(
+                "submit",
+                "What is the capital of France?",
+                "--priority",
+                "high",
+                "--stream",
+                "--max-tokens",
+                "16",
+            ),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert submit.returncode == 0, submit.stderr
         assert "Paris" in submit.stdout
         assert "finish: stop" in submit.stderr or "finish: length" in submit.stderr
@@ -71,6 +87,8 @@ def _run_against_up(up: subprocess.Popen[str], env: dict[str, str], redis_kind: 
 
 def test_submit_without_a_redis_says_what_to_do(tmp_path: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "TOKENQ_REDIS_URL": "redis://127.0.0.1:1/0"}
-    submit = subprocess.run(_tokenq("submit", "hi"), env=env, capture_output=True, text=True, timeout=60)
+    submit = subprocess.run(
+        _tokenq("submit", "hi"), env=env, capture_output=True, text=True, timeout=60
+    )
     assert submit.returncode == 1
     assert "error:" in submit.stderr and "127.0.0.1:1" in submit.stderr

@@ -10,7 +10,8 @@ import redis
 
 from producer.client import Client, Handle
 from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
-from shared.settings import Settings
+from shared.settings import DEFAULT_MODEL, Settings
+from tests.conftest import serve
 from tests.integration.conftest import WorkerFactory
 from tests.reference import greedy_reference
 
@@ -37,6 +38,7 @@ def _submit(client: Client, priority: str, text: str, chat: bool) -> Handle:
 def test_requests_over_all_priorities_stream_back_exactly_what_generate_gives(
     real_redis: redis.Redis, start_worker: WorkerFactory, default_model_dir: Path
 ) -> None:
+    serve(real_redis, DEFAULT_MODEL)  # as a worker that served it before would have
     client = Client(connection=real_redis, settings=Settings())
     handles = [_submit(client, p, text, chat) for p, text, chat in PROMPTS]
     never = client.submit("this one is cancelled before it runs", priority="critical")
@@ -58,7 +60,9 @@ def _check_stream(events: list[object], reference: list[int]) -> None:
     tokens = [e.event for e in events if isinstance(e.event, TokenEvent)]  # type: ignore[attr-defined]
     indexes = [t.index for t in tokens]
     sizes = [len(t.token_ids) for t in tokens]
-    assert indexes == [sum(sizes[:i]) for i in range(len(sizes))], "token indexes must be contiguous"
+    assert indexes == [sum(sizes[:i]) for i in range(len(sizes))], (
+        "token indexes must be contiguous"
+    )
     assert [tid for t in tokens for tid in t.token_ids] == reference
     assert isinstance(events[-1].event, FinalEvent)  # type: ignore[attr-defined]
 

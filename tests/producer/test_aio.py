@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import redis
 import redis.asyncio
 
 from producer.aio import AsyncClient
 from producer.embedded import EmbeddedRedis
 from shared.models import FinishReason, RequestState
 from shared.settings import Settings
+from tests.conftest import serve
 
 
 async def test_submit_status_cancel_result(redis_server: EmbeddedRedis) -> None:
     connection = redis.asyncio.Redis.from_url(redis_server.url)
     await connection.flushall()
+    serve(redis.Redis.from_url(redis_server.url), "SmolLM2-135M-Instruct", "m")
     async with AsyncClient(connection=connection, settings=Settings()) as client:
         first = await client.submit("a", priority="low")
         second = await client.submit(messages=[{"role": "user", "content": "b"}], priority="high")

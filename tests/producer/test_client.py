@@ -6,10 +6,10 @@ import pytest
 import redis
 
 from producer.client import Client
-from shared.errors import InvalidRequest, NotFound
+from shared.errors import InvalidRequest, NotFound, UnknownModel
 from shared.keys import Keys, model_tag
 from shared.models import RequestState
-from shared.settings import DEFAULT_MODEL
+from shared.settings import DEFAULT_MODEL, Settings
 
 QUEUE = Keys().queue(model_tag(DEFAULT_MODEL))
 
@@ -61,8 +61,11 @@ def test_status_of_a_new_request(client: Client) -> None:
     h = client.submit("hi", priority="high", metadata={"user": "u1"})
     status = h.status()
     assert (status.state, status.priority, status.position, status.attempts) == (
-        RequestState.QUEUED, 75, 0, 0,
-    )  # fmt: skip
+        RequestState.QUEUED,
+        75,
+        0,
+        0,
+    )
 
 
 def test_unknown_and_malformed_ids(client: Client) -> None:
@@ -73,3 +76,12 @@ def test_unknown_and_malformed_ids(client: Client) -> None:
         ghost.status()
     with pytest.raises(NotFound):
         ghost.cancel()
+
+
+def test_a_model_no_worker_serves_is_refused(any_redis: redis.Redis) -> None:
+    client = Client(connection=any_redis, settings=Settings())
+    with pytest.raises(UnknownModel, match="not served by any worker: start one with"):
+        client.submit("hi", model="nobody-serves-this")
+    assert any_redis.dbsize() == 0
+    lenient = Client(connection=any_redis, settings=Settings(require_known_model=False))
+    assert lenient.submit("hi", model="nobody-serves-this").position() == 0

@@ -86,7 +86,7 @@ def test_claim_expires_a_request_whose_deadline_passed(client: Client) -> None:
 
 def _publish(r: redis.Redis, c: Claimed, index: int, text: str) -> int:
     event = dumps(TokenEvent(index=index, token_ids=(index,), text=text))
-    return int(Scripts(r).run(publish_call(Keys(), c.request_id, c.lease_token, event, 1)))
+    return int(Scripts(r).run(publish_call(Keys(), c.request_id, c.lease_token, event, index, 1)))
 
 
 def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> int:

@@ -57,10 +57,16 @@ class ScriptedEngine:
             del self.running[req.request_id]
         return self._output(req, n, [n], FinishReason.LENGTH if done else None)
 
-    def _output(self, req: EngineRequest, index: int, ids: list[int], reason: FinishReason | None) -> RequestOutput:
+    def _output(
+        self, req: EngineRequest, index: int, ids: list[int], reason: FinishReason | None
+    ) -> RequestOutput:
         return RequestOutput(
-            request_id=req.request_id, index=index, new_token_ids=ids,
-            text="".join(f"t{i}" for i in ids), finish_reason=reason, logprobs=None,
+            request_id=req.request_id,
+            index=index,
+            new_token_ids=ids,
+            text="".join(f"t{i}" for i in ids),
+            finish_reason=reason,
+            logprobs=None,
             num_prompt_tokens=len(req.prompt_token_ids),
             num_output_tokens=len(req.output_token_ids),
-        )  # fmt: skip
+        )

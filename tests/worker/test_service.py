@@ -6,11 +6,13 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
 from producer.client import Client
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
 from shared.settings import Settings
+from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
 from worker.service import WorkerService
 
@@ -20,13 +22,14 @@ MODEL = "m"
 @pytest.fixture
 def setup(fake_redis: fakeredis.FakeRedis) -> tuple[Client, WorkerService, ScriptedEngine]:
     settings = Settings()
+    serve(fake_redis, MODEL)
     engine = ScriptedEngine()
     service = WorkerService(engine, fake_redis, settings, MODEL, "w1")  # type: ignore[arg-type]
     return Client(connection=fake_redis, settings=settings), service, engine
 
 
 def test_claims_only_what_fits_then_drains_the_queue(setup: Any) -> None:
-    client, service, engine = setup
+    client, service, _engine = setup
     handles = [client.submit(f"p {i}", model=MODEL, max_tokens=3) for i in range(6)]
     assert service.intake() == 4
     assert [h.position() for h in handles[4:]] == [0, 1]
@@ -41,11 +44,10 @@ def test_claims_only_what_fits_then_drains_the_queue(setup: Any) -> None:
 def test_cancel_of_a_running_request_ends_its_stream_within_a_step(setup: Any) -> None:
     client, service, _ = setup
     h = client.submit("p", model=MODEL, max_tokens=50)
-    service.intake()
-    service.publish(service.engine.step())
+    service.iterate()
     assert h.cancel() == "requested"
-    service.publish(service.engine.step())  # publish sees the flag
-    service.publish(service.engine.step())  # the engine ends it
+    service.iterate()  # this step's publish sees the flag
+    service.iterate()  # the engine ends it at the next step
     events = [e.event for e in h.stream()]
     assert isinstance(events[-1], FinalEvent)
     assert events[-1].finish_reason is FinishReason.CANCELLED
@@ -53,14 +55,21 @@ def test_cancel_of_a_running_request_ends_its_stream_within_a_step(setup: Any) -
     assert len(events) == 3
 
 
-def test_unreadable_payload_fails_with_its_reason_and_the_worker_keeps_serving(
+def test_unreadable_payload_is_dead_lettered_with_its_reason_and_the_worker_keeps_serving(
     setup: Any, fake_redis: fakeredis.FakeRedis
 ) -> None:
     client, service, _ = setup
     keys, tag = Keys(), model_tag(MODEL)
     bad = new_request_id(MODEL)
-    fake_redis.hset(keys.request(bad), mapping={"payload": '{"model": "m", "prompt": 12', "state": "queued",
-                                                "model": MODEL, "priority": 50})  # fmt: skip
+    fake_redis.hset(
+        keys.request(bad),
+        mapping={
+            "payload": '{"model": "m", "prompt": 12',
+            "state": "queued",
+            "model": MODEL,
+            "priority": 50,
+        },
+    )
     fake_redis.zadd(keys.queue(tag), {bad: 1})
     fake_redis.zadd(keys.queue(tag), {"not-a-valid-id": 2})
     good = client.submit("fine", model=MODEL, max_tokens=2)
@@ -68,6 +77,8 @@ def test_unreadable_payload_fails_with_its_reason_and_the_worker_keeps_serving(
     result = client.handle(bad).result(timeout=1)
     assert result.finish_reason is FinishReason.ERROR
     assert result.error is not None and "unreadable payload" in result.error
+    assert client.handle(bad).status().state is RequestState.DEAD
+    assert fake_redis.zscore(keys.dead(tag), bad) is not None
     assert good.result(timeout=1).text == "t0t1"
     assert fake_redis.zcard(keys.queue(tag)) == 0
 
@@ -85,13 +96,70 @@ def test_a_prompt_the_engine_refuses_ends_with_a_clear_error(setup: Any) -> None
 def test_a_worker_that_lost_its_lease_publishes_nothing_more(
     setup: Any, fake_redis: fakeredis.FakeRedis
 ) -> None:
-    client, service, engine = setup
+    client, service, _engine = setup
     h = client.submit("p", model=MODEL, max_tokens=10)
-    service.intake()
-    service.publish(engine.step())
+    service.iterate()
     fake_redis.hset(Keys().owners(model_tag(MODEL)), h.id, "w2:2")  # another worker took it
-    service.publish(engine.step())
+    service.iterate()
     service.run(burst=True)
     assert fake_redis.xlen(Keys().stream(h.id)) == 1
     assert h.status().state is RequestState.RUNNING
     assert h.id not in service.held
+
+
+class FlakyPipeline:
+    """Runs the commands, then loses the reply: Redis went away mid round trip."""
+
+    def __init__(self, real: Any, failures: list[int]) -> None:
+        self.real, self.failures = real, failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        replies = self.real.execute(*args, **kwargs)
+        if self.failures:
+            self.failures.pop()
+            raise redis.ConnectionError("connection reset")
+        return replies
+
+
+def test_a_step_retried_after_a_lost_reply_is_published_exactly_once(
+    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, service, _ = setup
+    h = client.submit("p", model=MODEL, max_tokens=4)
+    service.iterate()
+    failures = [1, 1]
+    pipeline = fake_redis.pipeline
+    monkeypatch.setattr(
+        fake_redis, "pipeline", lambda **kw: FlakyPipeline(pipeline(**kw), failures)
+    )
+    monkeypatch.setattr("worker.service.Backoff.wait", lambda self: 0.0)
+    service.run(burst=True)
+    assert failures == []
+    indexes = [e.event.index for e in h.stream() if isinstance(e.event, TokenEvent)]
+    assert indexes == [0, 1, 2, 3]
+    assert h.result(timeout=1).text == "t0t1t2t3"
+
+
+def test_drain_hands_back_what_it_could_not_finish(setup: Any) -> None:
+    client, service, _ = setup
+    h = client.submit("p", model=MODEL, max_tokens=1000)
+    service.iterate()
+    service.stopping.set()
+    service.drain(timeout_s=0.0)
+    status = h.status()
+    assert (status.state, status.position, status.attempts) == (RequestState.QUEUED, 0, 0)
+    assert status.num_generated == 1
+    assert service.held == {}
+
+
+def test_a_paused_queue_is_not_claimed(setup: Any, fake_redis: fakeredis.FakeRedis) -> None:
+    client, service, _ = setup
+    h = client.submit("p", model=MODEL)
+    fake_redis.set(Keys().paused(model_tag(MODEL)), 1)
+    assert service.intake() == 0
+    fake_redis.delete(Keys().paused(model_tag(MODEL)))
+    assert service.intake() == 1
+    assert h.status().state is RequestState.RUNNING

@@ -1,0 +1,27 @@
+"""The worker registry and the served-model markers, as every part reads them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from shared.keys import Keys, model_tag
+from shared.settings import Settings
+
+
+def mark_served(pipe: Any, keys: Keys, settings: Settings, model: str) -> None:
+    """Queue the commands that say ``model`` has a worker (enqueue.lua reads this)."""
+    tag = model_tag(model)
+    pipe.set(keys.served(tag), model, ex=settings.served_ttl_s)
+    pipe.hset(keys.models(), tag, model)
+
+
+def known_models(connection: redis.Redis, keys: Keys) -> dict[str, str]:
+    """Tag -> model name for every model a worker has ever registered."""
+    raw = connection.hgetall(keys.models())
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

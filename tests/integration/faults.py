@@ -1,0 +1,97 @@
+"""Tools for the fault tests: a restartable redis-server, stream audits, waiting."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from producer.client import Client
+from producer.embedded import free_port, wait_for_redis
+from shared.keys import Keys
+from shared.models import FinalEvent, TokenEvent
+from shared.records import stream_event
+
+
+SHIPPED_CONFIG = str(Path(__file__).parents[2] / "deploy" / "redis.conf")
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    give_up = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class StreamAudit:
+    """What a client reading one request's stream saw."""
+
+    token_ids: list[int]
+    indexes_contiguous: bool
+    duplicated_tokens: int
+    longest_gap_ms: int
+    final: FinalEvent | None
+
+
+def audit_stream(connection: redis.Redis, request_id: str) -> StreamAudit:
+    entries: Any = connection.xrange(Keys().stream(request_id))
+    events = [stream_event(i, f) for i, f in entries]
+    tokens = [e.event for e in events if isinstance(e.event, TokenEvent)]
+    expected, contiguous, duplicated = 0, True, 0
+    for t in tokens:
+        if t.index < expected:
+            duplicated += expected - t.index
+        contiguous &= t.index == expected
+        expected = max(expected, t.index + len(t.token_ids))
+    stamps = [int(e.id.split("-")[0]) for e in events]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    final = events[-1].event if events and isinstance(events[-1].event, FinalEvent) else None
+    ids = [tid for t in tokens for tid in t.token_ids]
+    return StreamAudit(ids, contiguous, duplicated, max(gaps, default=0), final)
+
+
+@dataclass
+class RedisProcess:
+    """A redis-server with the shipped durability settings that a test can kill."""
+
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        args = ["redis-server", SHIPPED_CONFIG, "--port", str(self.port),
+                "--bind", "127.0.0.1", "--dir", str(self.workdir)]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        wait_for_redis(self.url)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+def all_done(client: Client, ids: list[str]) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return all(client.handle(i).status().state.terminal for i in ids)
+        except redis.ConnectionError:
+            return False
+
+    return check

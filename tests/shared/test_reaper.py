@@ -1,0 +1,90 @@
+"""Reaping, hand-back and dead-letter retry: against fakeredis and a real redis-server."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from producer.client import Client
+from shared.keys import Keys
+from shared.models import FinishReason, RequestState
+from shared.reaper import reap_once
+from shared.scripts import Reaped, Scripts, release_call, retry_call
+from tests.shared.test_scripts import TAG, claim
+
+
+def _expire_leases(r: redis.Redis) -> None:
+    for member in r.zrange(Keys().leases(TAG), 0, -1):
+        r.zadd(Keys().leases(TAG), {member: 0})
+
+
+def _reap(client: Client, owner: str = "reaper") -> Reaped | None:
+    r = client.redis
+    return reap_once(r, Scripts(r), client.settings, TAG, owner)
+
+
+def test_an_expired_lease_goes_back_to_the_front_of_its_priority(client: Client) -> None:
+    dying = client.submit("a", priority="normal")
+    claim(client.redis, client.settings, 1)
+    later = client.submit("b", priority="normal")
+    above = client.submit("c", priority="high")
+    _expire_leases(client.redis)
+    assert _reap(client) == Reaped(requeued=1)
+    assert [h.position() for h in (above, dying, later)] == [0, 1, 2]
+    status = dying.status()
+    assert (status.state, status.attempts, status.worker) == (RequestState.QUEUED, 1, None)
+
+
+def test_a_request_that_keeps_losing_its_worker_ends_in_dead_letter(client: Client) -> None:
+    h = client.submit("poison")
+    for _ in range(client.settings.max_attempts):
+        assert len(claim(client.redis, client.settings, 1)) == 1
+        _expire_leases(client.redis)
+        client.redis.delete(Keys().reaper_lock(TAG))
+        _reap(client)
+    result = h.result(timeout=1)
+    assert result.finish_reason is FinishReason.ERROR
+    assert "attempts exhausted" in (result.error or "")
+    assert h.status().state is RequestState.DEAD
+    assert client.redis.zscore(Keys().dead(TAG), h.id) is not None
+
+
+def test_one_reaper_sweeps_at_a_time(client: Client) -> None:
+    assert _reap(client, "first") == Reaped()
+    assert _reap(client, "second") is None
+
+
+def test_a_queued_request_past_its_deadline_expires_without_a_worker(client: Client) -> None:
+    h = client.submit("late", deadline=0.05)
+    time.sleep(0.1)
+    assert _reap(client) == Reaped(expired=1)
+    assert h.result(timeout=1).finish_reason is FinishReason.EXPIRED
+    assert h.position() is None
+
+
+def test_release_hands_back_without_spending_an_attempt(client: Client) -> None:
+    h = client.submit("a")
+    (c,) = claim(client.redis, client.settings, 1)
+    scripts = Scripts(client.redis)
+    released = scripts.run(release_call(client.keys, TAG, {c.request_id: c.lease_token}))
+    assert released == 1
+    status = h.status()
+    assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
+    stale = scripts.run(release_call(client.keys, TAG, {c.request_id: c.lease_token}))
+    assert stale == 0
+
+
+def test_retry_runs_a_dead_request_again_from_the_start(client: Client) -> None:
+    h = client.submit("again")
+    for _ in range(client.settings.max_attempts):
+        claim(client.redis, client.settings, 1)
+        _expire_leases(client.redis)
+        client.redis.delete(Keys().reaper_lock(TAG))
+        _reap(client)
+    scripts = Scripts(client.redis)
+    assert scripts.run(retry_call(client.keys, h.id)) == 1
+    status = h.status()
+    assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
+    assert client.redis.xlen(Keys().stream(h.id)) == 0
+    assert scripts.run(retry_call(client.keys, h.id)) == 0

@@ -1,0 +1,88 @@
+"""Turning one engine step into one pipelined round trip, and its replies into actions.
+
+Nothing about a request changes until Redis has acknowledged the round trip, so a
+step whose publish failed (Redis away) is simply sent again; the publish script's
+index check makes that exactly-once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shared.keys import Keys
+from shared.models import FinishReason, TokenEvent, dumps
+from shared.scripts import ScriptCall, finish_call, publish_call
+from shared.settings import Settings
+from worker.engine import RequestOutput
+from worker.held import STATE_OF_REASON, Held
+
+LEASE_LOST, PUBLISHED, CANCEL_REQUESTED, GAP = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Planned:
+    held: Held
+    output: RequestOutput
+    call: ScriptCall
+    is_finish: bool
+
+
+def token_call(keys: Keys, held: Held, out: RequestOutput) -> ScriptCall:
+    logprobs = tuple(out.logprobs) if out.logprobs else None
+    event = TokenEvent(
+        index=out.index, token_ids=tuple(out.new_token_ids), text=out.text, logprobs=logprobs
+    )
+    return publish_call(
+        keys, held.request_id, held.lease_token, dumps(event), out.index, len(out.new_token_ids)
+    )
+
+
+def end_call(
+    keys: Keys,
+    settings: Settings,
+    held: Held,
+    reason: FinishReason,
+    more: RequestOutput | None = None,
+    error: str | None = None,
+    state: str | None = None,
+) -> ScriptCall:
+    """The finish script for ``held``, counting ``more`` (this step's tokens) in."""
+    ids, text = (more.new_token_ids, more.text) if more is not None else ([], "")
+    final = held.final(reason, len(ids), error)
+    return finish_call(
+        keys,
+        settings,
+        held.request_id,
+        held.lease_token,
+        dumps(final),
+        held.output_json(ids, text),
+        state or STATE_OF_REASON[reason].value,
+    )
+
+
+def plan_step(
+    keys: Keys, settings: Settings, held: dict[str, Held], outputs: list[RequestOutput]
+) -> list[Planned]:
+    plan: list[Planned] = []
+    for out in outputs:
+        h = held.get(out.request_id)
+        if h is None:
+            continue  # dropped (lease lost): its final output is not ours to publish
+        if out.new_token_ids or out.text:
+            plan.append(Planned(h, out, token_call(keys, h, out), is_finish=False))
+        if out.finish_reason is not None:
+            plan.append(Planned(h, out, end_call(keys, settings, h, out.finish_reason, out), True))
+    return plan
+
+
+def settle(planned: Planned, reply: Any) -> str:
+    """Apply an acknowledged reply to the worker's record; returns what to do next:
+    'ok', 'drop' (lease lost or gap: let it resume elsewhere), 'cancel' or 'done'."""
+    code = int(reply)
+    if code in (LEASE_LOST, GAP):
+        return "drop"
+    if planned.is_finish:
+        return "done"
+    planned.held.record(planned.output.new_token_ids, planned.output.text)
+    return "cancel" if code == CANCEL_REQUESTED else "ok"
