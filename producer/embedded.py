@@ -46,23 +46,8 @@ class EmbeddedRedis:
 
     def _start_server(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="tokenq-redis-")
-        args = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            self._dir,
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--maxmemory-policy",
-            "noeviction",
-            "--save",
-            "",
-        ]
+        args = ["redis-server", *shipped_config_args(), "--port", str(self.port)]
+        args += ["--bind", "127.0.0.1", "--dir", self._dir]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
         self.kind = "redis-server"
 

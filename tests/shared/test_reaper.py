@@ -36,13 +36,18 @@ def test_an_expired_lease_goes_back_to_the_front_of_its_priority(client: Client)
     assert (status.state, status.attempts, status.worker) == (RequestState.QUEUED, 1, None)
 
 
-def test_a_request_that_keeps_losing_its_worker_ends_in_dead_letter(client: Client) -> None:
-    h = client.submit("poison")
+def kill_every_attempt(client: Client, request_id: str) -> None:
+    """Claim the request and let its lease lapse until its attempts run out."""
     for _ in range(client.settings.max_attempts):
-        assert len(claim(client.redis, client.settings, 1)) == 1
+        assert [c.request_id for c in claim(client.redis, client.settings, 1)] == [request_id]
         _expire_leases(client.redis)
         client.redis.delete(Keys().reaper_lock(TAG))
         _reap(client)
+
+
+def test_a_request_that_keeps_losing_its_worker_ends_in_dead_letter(client: Client) -> None:
+    h = client.submit("poison")
+    kill_every_attempt(client, h.id)
     result = h.result(timeout=1)
     assert result.finish_reason is FinishReason.ERROR
     assert "attempts exhausted" in (result.error or "")
@@ -77,11 +82,7 @@ def test_release_hands_back_without_spending_an_attempt(client: Client) -> None:
 
 def test_retry_runs_a_dead_request_again_from_the_start(client: Client) -> None:
     h = client.submit("again")
-    for _ in range(client.settings.max_attempts):
-        claim(client.redis, client.settings, 1)
-        _expire_leases(client.redis)
-        client.redis.delete(Keys().reaper_lock(TAG))
-        _reap(client)
+    kill_every_attempt(client, h.id)
     scripts = Scripts(client.redis)
     assert scripts.run(retry_call(client.keys, h.id)) == 1
     status = h.status()
