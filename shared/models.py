@@ -62,7 +62,7 @@ class GenerationRequest(_Strict):
     """What a client submits. Exactly one of ``prompt`` and ``messages``."""
 
     version: int = SCHEMA_VERSION
-    model: str = Field(min_length=1, max_length=200, pattern=r"^[\w.\-/:@+]+$")
+    model: str = Field(min_length=1, max_length=200, pattern=r"^[\w.\-/:@+=,]+$")
     prompt: str | None = Field(None, min_length=1)
     messages: tuple[ChatMessage, ...] | None = Field(None, min_length=1, max_length=1000)
     priority: int = int(Priority.NORMAL)

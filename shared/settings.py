@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     worker_heartbeat_ms: int = Field(2_000, ge=50)
     drain_timeout_s: float = Field(30.0, ge=0)
+    # A worker serves /metrics, /healthz and /readyz on this port (off when unset).
+    worker_metrics_port: int | None = Field(None, ge=0, le=65535)
     model_cache_dir: str | None = None
 
 

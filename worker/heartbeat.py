@@ -33,6 +33,7 @@ class Heartbeat(threading.Thread):
         settings = service.settings
         self.interval_s = min(settings.lease_ms / 3, settings.worker_heartbeat_ms) / 1000
         self._last_tokens = 0
+        self.last_ok_s = 0.0  # monotonic time of the last beat Redis acknowledged
         self._last_time = time.monotonic()
 
     def run(self) -> None:
@@ -56,8 +57,13 @@ class Heartbeat(threading.Thread):
             self.scripts.run(renew_call(s.keys, s.settings, s.tag, held), pipe)
         self._register(pipe)
         replies = pipe.execute()
+        self.last_ok_s = time.monotonic()
         if held:
             self._apply(list(held), replies[0])
+
+    def healthy(self) -> bool:
+        """Redis answered a recent beat."""
+        return time.monotonic() - self.last_ok_s < 3 * self.interval_s + 1
 
     def reap(self) -> None:
         s = self.service
@@ -88,12 +94,15 @@ class Heartbeat(threading.Thread):
         mark_served(pipe, s.keys, s.settings, s.model)
 
     def _figures(self) -> dict[str, Any]:
+        stats = self.service.engine.stats()
+        self.service.metrics.on_engine_stats(stats)
         now, tokens = time.monotonic(), self.service.num_generated_tokens
         rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
         self._last_tokens, self._last_time = tokens, now
         return {
             "running": len(self.service.held),
             "tokens_per_s": round(rate, 1),
+            "kv_cache_usage": round(stats.get("kv_cache_usage", 0.0), 3),
             "state": "draining" if self.service.stopping.is_set() else "serving",
         }
 

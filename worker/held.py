@@ -29,6 +29,7 @@ class Held:
     token_ids: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     aborting: bool = False
+    last_token_s: float | None = None
 
     def record(self, token_ids: list[int], text: str) -> None:
         self.token_ids.extend(token_ids)

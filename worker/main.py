@@ -8,18 +8,24 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import redis
 
 from shared.keys import Keys
 from shared.registry import mark_served
 from shared.settings import Settings
-from worker.engine import Engine, EngineConfig
 from worker.heartbeat import Heartbeat
+from worker.metrics import WorkerMetrics, serve_http
 from worker.model_store import resolve_model
 from worker.service import WorkerService
+from worker.sim import SimConfig, SimEngine, is_sim
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
 
 log = logging.getLogger("tokenq.worker")
 VERSION = "0.1.0"
@@ -40,7 +46,11 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def build_engine(opts: WorkerOptions) -> Engine:
+def build_engine(opts: WorkerOptions) -> Engine | SimEngine:
+    if is_sim(opts.model):
+        return SimEngine(SimConfig.parse(opts.model))
+    from worker.engine import Engine, EngineConfig  # torch loads here, not for sim workers
+
     config = EngineConfig(
         model=str(resolve_model(opts.model)), device=opts.device, dtype=opts.dtype
     )
@@ -57,18 +67,13 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> None:
     model_name = opts.served_model_name or opts.model
     connection = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     announce(connection, settings, model_name)
+    metrics, readiness = WorkerMetrics(model_name), Readiness()
+    if settings.worker_metrics_port is not None:
+        serve_http(settings.worker_metrics_port, metrics, readiness)
     engine = build_engine(opts)
-    service = WorkerService(engine, connection, settings, model_name, new_worker_id())
-    info = {
-        "model": model_name,
-        "version": VERSION,
-        "pid": os.getpid(),
-        "device": getattr(engine, "device", "cpu"),
-        "max_num_seqs": engine.num_free_slots(),
-    }
-    heartbeat = Heartbeat(service, redis.Redis.from_url(settings.redis_url), info)
-    heartbeat.beat()
-    heartbeat.start()
+    service = WorkerService(engine, connection, settings, model_name, new_worker_id(), metrics)
+    heartbeat = start_heartbeat(service, engine)
+    readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
     _install_signal_handlers(service)
     log.info(
         "worker %s serving %r (ready in %.1fs)",
@@ -82,6 +87,31 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> None:
     finally:
         heartbeat.stop()
     log.info("worker %s stopped", service.worker_id)
+
+
+class Readiness:
+    """Not ready while the model loads; then whatever ``check`` says."""
+
+    def __init__(self) -> None:
+        self.check: Callable[[], bool] = lambda: False
+
+    def __call__(self) -> bool:
+        return self.check()
+
+
+def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heartbeat:
+    info = {
+        "model": service.model,
+        "version": VERSION,
+        "pid": os.getpid(),
+        "device": str(engine.device),
+        "max_num_seqs": engine.config.max_num_seqs,
+        "kv_cache_mib": engine.kv_cache_budget_bytes // 2**20,
+    }
+    heartbeat = Heartbeat(service, redis.Redis.from_url(service.settings.redis_url), info)
+    heartbeat.beat()
+    heartbeat.start()
+    return heartbeat
 
 
 def announce(connection: redis.Redis, settings: Settings, model: str) -> None:

@@ -79,10 +79,10 @@ def plan_step(
 def settle(planned: Planned, reply: Any) -> str:
     """Apply an acknowledged reply to the worker's record; returns what to do next:
     'ok', 'drop' (lease lost or gap: let it resume elsewhere), 'cancel' or 'done'."""
+    if planned.is_finish:
+        return "drop" if reply == LEASE_LOST else "done"
     code = int(reply)
     if code in (LEASE_LOST, GAP):
         return "drop"
-    if planned.is_finish:
-        return "done"
     planned.held.record(planned.output.new_token_ids, planned.output.text)
     return "cancel" if code == CANCEL_REQUESTED else "ok"

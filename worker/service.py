@@ -6,24 +6,39 @@ import logging
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from pydantic import ValidationError
 
 from shared.keys import REQUEST_ID_RE, Keys, model_tag
-from shared.models import FinishReason, GenerationRequest, TokenEvent
+from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent
 from shared.records import stream_event
 from shared.scripts import Claimed, Scripts, claim_call, parse_claim, release_call
 from shared.settings import Settings
-from worker.engine import Engine, EngineRequest, RequestOutput
+from worker.engine.outputs import RequestOutput
+from worker.engine.request import EngineRequest
 from worker.held import Held
-from worker.publisher import end_call, plan_step, settle
+from worker.metrics import WorkerMetrics
+from worker.publisher import Planned, end_call, plan_step, settle
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class EngineLike(Protocol):
+    """What the loop needs of an engine: the real one or the simulation."""
+
+    def encode_prompt(self, prompt: str) -> list[int]: ...
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def add_request(self, req: EngineRequest) -> None: ...
+    def abort_request(self, request_id: str, reason: FinishReason = ...) -> None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def num_free_slots(self) -> int: ...
+    def stats(self) -> dict[str, float]: ...
 
 
 class Backoff:
@@ -46,17 +61,19 @@ class WorkerService:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineLike,
         connection: redis.Redis,
         settings: Settings,
         model: str,
         worker_id: str,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.engine = engine
         self.redis = connection
         self.settings = settings
         self.model = model
         self.worker_id = worker_id
+        self.metrics = metrics or WorkerMetrics(model)
         self.keys = Keys(settings.namespace)
         self.tag = model_tag(model)
         self.scripts = Scripts(connection)
@@ -134,20 +151,27 @@ class WorkerService:
         replies = pipe.execute() if plan else []
         self.pending = []
         for planned, reply in zip(plan, replies, strict=True):
-            self._act(planned.held, settle(planned, reply), len(planned.output.new_token_ids))
+            self._act(planned.held, settle(planned, reply), planned, reply)
 
-    def _act(self, held: Held, action: str, num_tokens: int) -> None:
-        if action == "ok":
-            self.num_generated_tokens += num_tokens
-        elif action == "cancel":
-            self.num_generated_tokens += num_tokens
+    def _act(self, held: Held, action: str, planned: Planned, reply: Any) -> None:
+        if action in ("ok", "cancel"):
+            self._count_tokens(held, len(planned.output.new_token_ids))
+        if action == "cancel":
             self._abort(held.request_id, FinishReason.CANCELLED)
         elif action == "drop":
             log.warning("lease on %s lost; another worker resumes it", held.request_id)
             self._drop(held.request_id)
-        else:
+        elif action == "done":
+            self.metrics.on_finish(held.request.priority, FinalEvent.model_validate_json(reply))
             with self.held_lock:
                 self.held.pop(held.request_id, None)
+
+    def _count_tokens(self, held: Held, num_tokens: int) -> None:
+        now = time.monotonic()
+        gap = None if held.last_token_s is None else now - held.last_token_s
+        held.last_token_s = now
+        self.num_generated_tokens += num_tokens
+        self.metrics.on_tokens(num_tokens, gap)
 
     def _apply_heartbeat_news(self) -> None:
         while not self.lost.empty():

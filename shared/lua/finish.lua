@@ -4,7 +4,7 @@
 -- ARGV[1] id   ARGV[2] lease token   ARGV[3] final event json (timings are filled here)
 -- ARGV[4] output json {text, token_ids}   ARGV[5] terminal state ('dead' dead-letters it)
 -- ARGV[6] ttl s   ARGV[7] lifecycle channel
--- Returns 0 when the lease is lost (nothing written), 1 when finished.
+-- Returns 0 when the lease is lost (nothing written), else the final event as written.
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -18,4 +18,4 @@ if ARGV[5] == 'dead' then
   redis.call('PERSIST', KEYS[3])
   redis.call('PERSIST', KEYS[4])
 end
-return 1
+return final

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,7 +17,6 @@ from producer.embedded import free_port, wait_for_redis
 from shared.keys import Keys
 from shared.models import FinalEvent, TokenEvent
 from shared.records import stream_event
-
 
 SHIPPED_CONFIG = str(Path(__file__).parents[2] / "deploy" / "redis.conf")
 
@@ -51,7 +51,7 @@ def audit_stream(connection: redis.Redis, request_id: str) -> StreamAudit:
         contiguous &= t.index == expected
         expected = max(expected, t.index + len(t.token_ids))
     stamps = [int(e.id.split("-")[0]) for e in events]
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     final = events[-1].event if events and isinstance(events[-1].event, FinalEvent) else None
     ids = [tid for t in tokens for tid in t.token_ids]
     return StreamAudit(ids, contiguous, duplicated, max(gaps, default=0), final)
@@ -70,8 +70,16 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
-        args = ["redis-server", SHIPPED_CONFIG, "--port", str(self.port),
-                "--bind", "127.0.0.1", "--dir", str(self.workdir)]  # fmt: skip
+        args = [
+            "redis-server",
+            SHIPPED_CONFIG,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+        ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
         wait_for_redis(self.url)
         return self

@@ -5,7 +5,6 @@ would read: contiguous, no duplicate, the same greedy tokens as an uninterrupted
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -36,9 +35,15 @@ def bodies(n: int, max_tokens: int) -> list[dict[str, Any]]:
 
 
 def submit_all(client: Client, items: list[dict[str, Any]]) -> list[Handle]:
-    reqs = [{"model": DEFAULT_MODEL, "messages": b["messages"], "priority": b["priority"],
-             "sampling": {"max_tokens": b["max_tokens"], "temperature": 0, "ignore_eos": True}}
-            for b in items]  # fmt: skip
+    reqs = [
+        {
+            "model": DEFAULT_MODEL,
+            "messages": b["messages"],
+            "priority": b["priority"],
+            "sampling": {"max_tokens": b["max_tokens"], "temperature": 0, "ignore_eos": True},
+        }
+        for b in items
+    ]
     return client.submit_many(reqs)
 
 
@@ -74,9 +79,11 @@ def report(capsys: pytest.CaptureFixture[str], **figures: object) -> None:
 
 
 def test_two_sigkills_lose_nothing_and_duplicate_nothing(
-    real_redis: redis.Redis, start_worker: WorkerFactory, reference: Reference,
+    real_redis: redis.Redis,
+    start_worker: WorkerFactory,
+    reference: Reference,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     serve(real_redis, DEFAULT_MODEL)
     client = Client(connection=real_redis, settings=Settings())
     items = bodies(40, 48)
@@ -90,8 +97,16 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
         victim = start_worker(*seqs, env=FAULT_ENV)
     wait_until(all_done(client, [h.id for h in handles]), 600, "every request to end")
     longest = check_streams(real_redis, handles, reference(items))
-    report(capsys, test="sigkill", submitted=len(handles), workers_killed=2, lost=0,
-           duplicated_tokens=0, longest_stall_ms=longest, lease_ms=FAULT_ENV["TOKENQ_LEASE_MS"])  # fmt: skip
+    report(
+        capsys,
+        test="sigkill",
+        submitted=len(handles),
+        workers_killed=2,
+        lost=0,
+        duplicated_tokens=0,
+        longest_stall_ms=longest,
+        lease_ms=FAULT_ENV["TOKENQ_LEASE_MS"],
+    )
 
 
 def test_a_paused_worker_past_its_lease_publishes_nothing_more(
@@ -196,8 +211,16 @@ def _write_garbage(connection: redis.Redis) -> list[str]:
     ids = []
     for i, payload in enumerate(payloads):
         rid = new_request_id(DEFAULT_MODEL)
-        connection.hset(keys.request(rid), mapping={"payload": payload, "state": "queued",
-                                                    "model": DEFAULT_MODEL, "priority": 100, "seq": i})  # fmt: skip
+        connection.hset(
+            keys.request(rid),
+            mapping={
+                "payload": payload,
+                "state": "queued",
+                "model": DEFAULT_MODEL,
+                "priority": 100,
+                "seq": i,
+            },
+        )
         connection.zadd(keys.queue(tag), {rid: i})
         ids.append(rid)
     missing = new_request_id(DEFAULT_MODEL)  # in the queue, but its hash was never written

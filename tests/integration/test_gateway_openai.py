@@ -68,18 +68,19 @@ def test_completion(client: openai.OpenAI) -> None:
 
 
 def test_errors_raise_the_usual_exceptions(client: openai.OpenAI, gateway_url: str) -> None:
-    with pytest.raises(openai.NotFoundError, match="not served by any live worker"):
+    with pytest.raises(openai.NotFoundError, match="not served by any worker"):
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError, match="only n=1") as bad:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, n=3)
     assert bad.value.param == "n"
-    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="sk-web", max_retries=0) as web:
-        with pytest.raises(openai.PermissionDeniedError, match="above this API key's maximum"):
-            web.chat.completions.create(model=MODEL, messages=MESSAGES,
-                                        extra_body={"priority": "critical"})  # fmt: skip
-    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="sk-wrong", max_retries=0) as bad_key:
-        with pytest.raises(openai.AuthenticationError):
-            bad_key.models.list()
+    web = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="sk-web", max_retries=0)
+    with web, pytest.raises(openai.PermissionDeniedError, match="above this API key's maximum"):
+        web.chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_body={"priority": "critical"}
+        )
+    bad_key = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="sk-wrong", max_retries=0)
+    with bad_key, pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
 
 
 def test_models_lists_live_workers(client: openai.OpenAI) -> None:
@@ -111,4 +112,4 @@ def _wait_until_ended(url: str, request_id: str) -> tuple[str, str, int]:
             return str(state), str(reason), int(generated or 0)
         time.sleep(0.01)
     r.close()
-    raise AssertionError(f"request {request_id} still {state} after 5s")
+    raise AssertionError(f"request {request_id} still {state!r} after 5s")

@@ -34,12 +34,36 @@ def secured_redis(tmp_path: Path) -> Iterator[tuple[int, int, Path]]:
     cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
     ca.cert_pem.write_to_path(tmp_path / "ca.pem")
     port, tls_port = free_port(), free_port()
-    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--dir", str(tmp_path), "--requirepass", PASSWORD,
-            "--user", f"{ACL_USER}", "on", f">{ACL_PASSWORD}", "~*", "&*", "+@all",
-            "--tls-port", str(tls_port), "--tls-cert-file", str(tmp_path / "cert.pem"),
-            "--tls-key-file", str(tmp_path / "key.pem"),
-            "--tls-ca-cert-file", str(tmp_path / "ca.pem"), "--tls-auth-clients", "no"]  # fmt: skip
+    args = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--dir",
+        str(tmp_path),
+        "--requirepass",
+        PASSWORD,
+        "--user",
+        f"{ACL_USER}",
+        "on",
+        f">{ACL_PASSWORD}",
+        "~*",
+        "&*",
+        "+@all",
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        str(tmp_path / "cert.pem"),
+        "--tls-key-file",
+        str(tmp_path / "key.pem"),
+        "--tls-ca-cert-file",
+        str(tmp_path / "ca.pem"),
+        "--tls-auth-clients",
+        "no",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     wait_for_redis(f"redis://:{PASSWORD}@127.0.0.1:{port}/0")
     yield port, tls_port, tmp_path / "ca.pem"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -89,11 +90,11 @@ def _publish(r: redis.Redis, c: Claimed, index: int, text: str) -> int:
     return int(Scripts(r).run(publish_call(Keys(), c.request_id, c.lease_token, event, index, 1)))
 
 
-def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> int:
+def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> Any:
     final = dumps(FinalEvent(finish_reason=FinishReason.LENGTH))
     output = f'{{"text": "{text}", "token_ids": {list(range(n))}}}'.encode()
     call = finish_call(Keys(), s, c.request_id, c.lease_token, final, output, "finished")
-    return int(Scripts(r).run(call))
+    return Scripts(r).run(call)
 
 
 def test_publish_and_finish_build_the_stream_and_result(client: Client) -> None:
@@ -101,7 +102,8 @@ def test_publish_and_finish_build_the_stream_and_result(client: Client) -> None:
     (c,) = claim(client.redis, client.settings, 1)
     assert _publish(client.redis, c, 0, "Hel") == 1
     assert _publish(client.redis, c, 1, "lo") == 1
-    assert _finish(client.redis, client.settings, c, "Hello", 2) == 1
+    written = FinalEvent.model_validate_json(_finish(client.redis, client.settings, c, "Hello", 2))
+    assert written.finish_reason is FinishReason.LENGTH
     events = [e.event for e in h.stream()]
     assert [e.text for e in events if isinstance(e, TokenEvent)] == ["Hel", "lo"]
     assert isinstance(events[-1], FinalEvent)

@@ -43,6 +43,9 @@ class ScriptedEngine:
     def num_free_slots(self) -> int:
         return self.max_num_seqs - len(self.running)
 
+    def stats(self) -> dict[str, float]:
+        return {"running": len(self.running), "waiting": 0, "kv_cache_usage": 0.0}
+
     def step(self) -> list[RequestOutput]:
         return [self._advance(req) for req in list(self.running.values())]
 

@@ -1,0 +1,16 @@
+"""Prometheus metric names, in one place: workers and gateways export them, the
+dashboard and the autoscaler read them. Named after vLLM's where they mean the same
+(``vllm:`` becomes ``tokenq:``)."""
+
+REQUESTS_RUNNING = "tokenq:num_requests_running"
+REQUESTS_WAITING = "tokenq:num_requests_waiting"
+QUEUE_DEPTH = "tokenq:queue_depth"  # queued in Redis, per model and priority: what KEDA reads
+TIME_TO_FIRST_TOKEN = "tokenq:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "tokenq:inter_token_latency_seconds"
+E2E_LATENCY = "tokenq:e2e_request_latency_seconds"
+QUEUE_TIME = "tokenq:request_queue_time_seconds"
+PROMPT_TOKENS = "tokenq:prompt_tokens"  # counters get a _total suffix when exported
+GENERATION_TOKENS = "tokenq:generation_tokens"
+REQUEST_SUCCESS = "tokenq:request_success"
+PREEMPTIONS = "tokenq:num_preemptions"
+KV_CACHE_USAGE = "tokenq:kv_cache_usage_perc"

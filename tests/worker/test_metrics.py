@@ -1,0 +1,43 @@
+import urllib.error
+import urllib.request
+
+from producer.embedded import free_port
+from shared.models import FinalEvent, FinishReason, Timings, Usage
+from worker.metrics import WorkerMetrics, serve_http
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_metrics_health_and_readiness_endpoints() -> None:
+    metrics, ready = WorkerMetrics("m"), [False]
+    port = free_port()
+    server = serve_http(port, metrics, lambda: ready[0])
+    try:
+        final = FinalEvent(
+            finish_reason=FinishReason.LENGTH,
+            usage=Usage(prompt_tokens=7, completion_tokens=3),
+            timings=Timings(queued_s=0.1, ttft_s=0.2, total_s=0.5),
+        )
+        metrics.on_tokens(3, 0.09)
+        metrics.on_finish(75, final)
+        base = f"http://127.0.0.1:{port}"
+        assert _get(f"{base}/healthz") == (200, "ok\n")
+        assert _get(f"{base}/readyz")[0] == 503
+        ready[0] = True
+        assert _get(f"{base}/readyz")[0] == 200
+        status, body = _get(f"{base}/metrics")
+        assert status == 200
+        assert 'tokenq:request_success_total{finish_reason="length",model="m"} 1.0' in body
+        assert 'tokenq:generation_tokens_total{model="m"} 3.0' in body
+        assert 'tokenq:prompt_tokens_total{model="m"} 7.0' in body
+        assert 'tokenq:time_to_first_token_seconds_count{model="m",priority="high"} 1.0' in body
+        assert 'tokenq:inter_token_latency_seconds_count{model="m"} 1.0' in body
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,127 @@
+"""The worker's Prometheus metrics and its health endpoints, on their own port."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from shared import metric_names as names
+from shared.models import FinalEvent
+from shared.priority import priority_name
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5)
+
+
+class WorkerMetrics:
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.registry = CollectorRegistry()
+        r, by_model, by_priority = self.registry, ["model"], ["model", "priority"]
+        self.running = Gauge(names.REQUESTS_RUNNING, "Requests in the batch", by_model, registry=r)
+        self.waiting = Gauge(
+            names.REQUESTS_WAITING, "Claimed, waiting for the batch", by_model, registry=r
+        )
+        self.kv_usage = Gauge(names.KV_CACHE_USAGE, "KV cache in use, 0..1", by_model, registry=r)
+        self.preemptions = Counter(names.PREEMPTIONS, "Preempted sequences", by_model, registry=r)
+        self.prompt_tokens = Counter(names.PROMPT_TOKENS, "Prompt tokens", by_model, registry=r)
+        self.generation_tokens = Counter(
+            names.GENERATION_TOKENS, "Tokens generated", by_model, registry=r
+        )
+        self.success = Counter(
+            names.REQUEST_SUCCESS, "Finished requests", ["model", "finish_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            names.TIME_TO_FIRST_TOKEN,
+            "Submit to first token",
+            by_priority,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            names.E2E_LATENCY,
+            "Submit to final event",
+            by_priority,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            names.QUEUE_TIME, "Time queued", by_priority, buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            names.INTER_TOKEN_LATENCY,
+            "Between tokens of a request",
+            by_model,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self._preemptions_seen = 0
+
+    def on_tokens(self, num_tokens: int, gap_s: float | None) -> None:
+        self.generation_tokens.labels(self.model).inc(num_tokens)
+        if gap_s is not None and num_tokens:
+            self.itl.labels(self.model).observe(gap_s / num_tokens)
+
+    def on_finish(self, priority: int, final: FinalEvent) -> None:
+        label = (self.model, priority_name(priority))
+        self.success.labels(self.model, final.finish_reason.value).inc()
+        self.prompt_tokens.labels(self.model).inc(final.usage.prompt_tokens)
+        for histogram, value in (
+            (self.ttft, final.timings.ttft_s),
+            (self.e2e, final.timings.total_s),
+            (self.queue_time, final.timings.queued_s),
+        ):
+            if value is not None:
+                histogram.labels(*label).observe(value)
+
+    def on_engine_stats(self, stats: dict[str, float]) -> None:
+        self.running.labels(self.model).set(stats.get("running", 0))
+        self.waiting.labels(self.model).set(stats.get("waiting", 0))
+        self.kv_usage.labels(self.model).set(stats.get("kv_cache_usage", 0))
+        preemptions = int(stats.get("preemptions", 0))
+        self.preemptions.labels(self.model).inc(max(0, preemptions - self._preemptions_seen))
+        self._preemptions_seen = max(preemptions, self._preemptions_seen)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def serve_http(port: int, metrics: WorkerMetrics, ready: Callable[[], bool]) -> ThreadingHTTPServer:
+    """``/metrics``, ``/healthz`` (the process answers) and ``/readyz`` (model loaded,
+    Redis reachable, not draining) on ``port``, from a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(200, metrics.render(), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                self._send(200, b"ok\n")
+            elif self.path == "/readyz":
+                ok = ready()
+                self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+            else:
+                self._send(404, b"not found\n")
+
+        def _send(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass  # scrapes every few seconds would drown the worker's log
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    threading.Thread(target=server.serve_forever, name="tokenq-metrics", daemon=True).start()
+    return server

@@ -1,0 +1,121 @@
+"""A SIMULATED model backend, for scaling tests and demos: no weights, no torch.
+
+``--model sim:`` (or ``sim:step_ms=30,knee=32,max_num_seqs=64``) gives a worker
+whose engine answers like a real one (same interface, continuous batching, token
+events, cancel, deadlines) but whose step takes ``step_ms`` up to ``knee``
+sequences and grows linearly past it, as a GPU's step time does once the batch
+saturates it. Its text is made-up tokens ("sim0 sim1 ..."); it is clearly not a
+language model, and every place that shows the model name shows ``sim:``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.models import FinishReason
+from worker.engine.outputs import RequestOutput
+from worker.engine.request import EngineRequest
+
+PREFIX = "sim:"
+
+
+@dataclass
+class SimConfig:
+    step_ms: float = 30.0
+    knee: int = 32
+    max_num_seqs: int = 64
+    max_model_len: int = 8192
+
+    @classmethod
+    def parse(cls, model: str) -> SimConfig:
+        """``sim:`` or ``sim:step_ms=30,knee=32,max_num_seqs=64``."""
+        spec = model.removeprefix(PREFIX)
+        fields: dict[str, Any] = {}
+        for item in filter(None, spec.split(",")):
+            name, _, value = item.partition("=")
+            if name not in cls.__dataclass_fields__:
+                raise ValueError(f"unknown simulation setting {name!r} in {model!r}")
+            fields[name] = float(value) if name == "step_ms" else int(value)
+        return cls(**fields)
+
+    def step_s(self, batch: int) -> float:
+        return self.step_ms / 1000 * max(1.0, batch / self.knee)
+
+
+def is_sim(model: str) -> bool:
+    return model.startswith(PREFIX)
+
+
+@dataclass
+class SimEngine:
+    """The engine's interface over a timer (see the module docstring)."""
+
+    sim: SimConfig = field(default_factory=SimConfig)
+    running: dict[str, EngineRequest] = field(default_factory=dict)
+    aborted: dict[str, FinishReason] = field(default_factory=dict)
+    device: str = "simulated"
+
+    @property
+    def config(self) -> SimConfig:
+        return self.sim
+
+    @property
+    def kv_cache_budget_bytes(self) -> int:
+        return 0
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return list(range(len(prompt.split())))
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.encode_prompt(" ".join(str(m["content"]) for m in messages))
+
+    def add_request(self, req: EngineRequest) -> None:
+        if len(req.prompt_token_ids) >= self.sim.max_model_len:
+            raise ValueError(f"prompt of {len(req.prompt_token_ids)} tokens exceeds the context")
+        self.running[req.request_id] = req
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        if request_id in self.running:
+            self.aborted[request_id] = reason
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def num_free_slots(self) -> int:
+        return self.sim.max_num_seqs - len(self.running)
+
+    def stats(self) -> dict[str, float]:
+        return {"running": len(self.running), "waiting": 0, "kv_cache_usage": 0.0}
+
+    def step(self) -> list[RequestOutput]:
+        time.sleep(self.sim.step_s(len(self.running)))
+        return [self._advance(req) for req in list(self.running.values())]
+
+    def _advance(self, req: EngineRequest) -> RequestOutput:
+        n = len(req.output_token_ids)
+        reason = self.aborted.pop(req.request_id, None) or self._timeout(req)
+        ids: list[int] = []
+        if reason is None:
+            ids = [n]
+            req.output_token_ids.append(n)
+            if len(req.output_token_ids) >= req.sampling.max_tokens:
+                reason = FinishReason.LENGTH
+        if reason is not None:
+            del self.running[req.request_id]
+        return RequestOutput(
+            request_id=req.request_id,
+            index=n,
+            new_token_ids=ids,
+            text="".join(f"sim{i} " for i in ids),
+            finish_reason=reason,
+            logprobs=None,
+            num_prompt_tokens=len(req.prompt_token_ids),
+            num_output_tokens=len(req.output_token_ids),
+        )
+
+    @staticmethod
+    def _timeout(req: EngineRequest) -> FinishReason | None:
+        late = req.deadline_unix_s is not None and time.time() >= req.deadline_unix_s
+        return FinishReason.TIMEOUT if late else None
