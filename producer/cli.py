@@ -54,7 +54,9 @@ def settings_for(redis_url: str | None) -> Settings:
 @app.command()
 def worker(
     redis_url: RedisOpt = None,
-    model: ModelOpt = DEFAULT_MODEL,
+    model: Annotated[
+        str | None, typer.Option(help="name, local path, or sim:... (default TOKENQ_DEFAULT_MODEL)")
+    ] = None,
     served_model_name: Annotated[str | None, typer.Option(help="name clients use")] = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -67,8 +69,9 @@ def worker(
     from worker.main import WorkerOptions, run_worker
 
     _logging(log_level)
+    settings = settings_for(redis_url)
     opts = WorkerOptions(
-        model=model,
+        model=model or settings.default_model,
         served_model_name=served_model_name,
         device=device,
         dtype=dtype,
@@ -76,7 +79,7 @@ def worker(
         kv_cache_mib=kv_cache_mib,
         burst=burst,
     )
-    run_worker(settings_for(redis_url), opts)
+    run_worker(settings, opts)
 
 
 @app.command()

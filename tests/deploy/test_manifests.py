@@ -1,0 +1,119 @@
+"""Every compose, Kubernetes and KEDA file parses, validates against its schema, and
+agrees with the code: setting names, ports, health paths and metric names."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from shared import metric_names
+from shared.settings import Settings
+from worker.metrics import WorkerMetrics
+
+ROOT = Path(__file__).parents[2]
+K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
+K8S_VERSION = "1.31"
+SETTING_NAMES = {f"TOKENQ_{name.upper()}" for name in Settings.model_fields}
+METRIC_NAMES = {v for k, v in vars(metric_names).items() if k.isupper()}
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+
+
+def test_compose_matches_the_compose_spec() -> None:
+    schema_file = resources.files("check_jsonschema") / "builtin_schemas/vendor/compose-spec.json"
+    jsonschema.validate(_compose(), json.loads(schema_file.read_text()))
+
+
+def test_compose_has_gpu_and_cpu_workers_and_a_monitoring_profile() -> None:
+    services = _compose()["services"]
+    devices = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert services["worker-cpu"]["profiles"] == ["cpu"]
+    assert {"prometheus", "grafana"} <= {
+        n for n, s in services.items() if "monitoring" in s.get("profiles", [])
+    }
+    assert "--requirepass" in services["redis"]["command"]
+
+
+def test_compose_mounts_files_that_exist() -> None:
+    for service in _compose()["services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), source
+        build = service.get("build")
+        if build:
+            assert (ROOT / build["dockerfile"]).exists()
+
+
+@pytest.mark.parametrize("path", K8S, ids=lambda p: p.name)
+def test_kubernetes_manifests_validate(path: Path) -> None:
+    schema = json.loads((Path(__file__).parent / "keda_scaledobject.schema.json").read_text())
+    for doc in _docs(path):
+        if doc["apiVersion"].startswith("keda.sh/"):
+            jsonschema.validate(doc, schema)
+        else:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _all_env_names() -> set[str]:
+    text = (ROOT / "docker-compose.yml").read_text() + "".join(p.read_text() for p in K8S)
+    text += "".join(p.read_text() for p in (ROOT / "deploy").glob("*.Dockerfile"))
+    return set(re.findall(r"\bTOKENQ_[A-Z0-9_]+", text)) - {"TOKENQ_REDIS_PASSWORD"}
+
+
+def test_every_setting_named_in_deploy_files_exists() -> None:
+    unknown = _all_env_names() - SETTING_NAMES
+    assert not unknown, f"not settings in shared/settings.py: {sorted(unknown)}"
+
+
+def test_worker_pods_drain_before_they_are_killed_and_probe_real_paths() -> None:
+    config = _docs(ROOT / "deploy" / "k8s" / "configmap.yaml")[0]["data"]
+    worker = _docs(ROOT / "deploy" / "k8s" / "worker.yaml")[0]["spec"]["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] > float(config["TOKENQ_DRAIN_TIMEOUT_S"])
+    container = worker["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["ports"][0]["containerPort"] == int(config["TOKENQ_WORKER_METRICS_PORT"])
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def _metric_names_in(text: str) -> set[str]:
+    found = set(re.findall(r"tokenq:[a-z0-9_]+", text))
+    return {re.sub(r"_(total|bucket|count|sum)$", "", name) for name in found}
+
+
+def test_autoscaler_and_dashboard_query_metrics_that_are_exported() -> None:
+    keda = (ROOT / "deploy" / "k8s" / "keda-scaledobject.yaml").read_text()
+    grafana = (ROOT / "deploy" / "grafana" / "dashboards" / "tokenq.json").read_text()
+    for text in (keda, grafana):
+        unknown = _metric_names_in(text) - METRIC_NAMES
+        assert not unknown, f"queried but never exported: {sorted(unknown)}"
+    exported = _metric_names_in(WorkerMetrics("m").render().decode())
+    assert exported <= METRIC_NAMES
+
+
+def test_grafana_dashboard_has_the_charts_operators_need() -> None:
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "tokenq.json").read_text())
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {
+        "Queue depth per priority",
+        "Tokens/s per worker",
+        "Time to first token p50 / p95",
+    } <= titles
+    for path in (ROOT / "deploy" / "grafana" / "provisioning").rglob("*.yml"):
+        assert yaml.safe_load(path.read_text())["apiVersion"] == 1
