@@ -166,15 +166,29 @@ def parse_claim(reply: list[Any]) -> list[Claimed]:
     return [Claimed(_text(r[0]), _text(r[1]), _text(r[2]), int(r[3]), int(r[4])) for r in rows]
 
 
-def publish_call(
-    keys: Keys, request_id: str, token: str, event_json: bytes, index: int, num_tokens: int
-) -> ScriptCall:
-    tag = tag_of(request_id)
-    return ScriptCall(
-        "publish",
-        [keys.owners(tag), keys.request(request_id), keys.stream(request_id)],
-        [request_id, token, event_json.decode(), num_tokens, index],
-    )
+@dataclass(frozen=True)
+class TokenPublish:
+    """One request's token event within a step."""
+
+    request_id: str
+    lease_token: str
+    event_json: bytes
+    index: int
+    num_tokens: int
+
+
+def publish_call(keys: Keys, events: list[TokenPublish]) -> ScriptCall:
+    """All of a step's token events in one script call (one reply code per event)."""
+    tags = {tag_of(e.request_id) for e in events}
+    if len(tags) != 1:
+        raise ValueError("one publish call serves one model queue")
+    per_event = [k for e in events for k in (keys.request(e.request_id), keys.stream(e.request_id))]
+    args = [
+        a
+        for e in events
+        for a in (e.request_id, e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
+    ]
+    return ScriptCall("publish", [keys.owners(tags.pop()), *per_event], args)
 
 
 def finish_call(

@@ -146,11 +146,11 @@ class WorkerService:
             return
         plan = plan_step(self.keys, self.settings, self.held, self.pending)
         pipe = self.redis.pipeline(transaction=False)
-        for planned in plan:
-            self.scripts.run(planned.call, pipe)
-        replies = pipe.execute() if plan else []
+        for call in plan.calls:
+            self.scripts.run(call, pipe)
+        replies = pipe.execute() if plan.calls else []
         self.pending = []
-        for planned, reply in zip(plan, replies, strict=True):
+        for planned, reply in plan.pair(replies):
             self._act(planned.held, settle(planned, reply), planned, reply)
 
     def _act(self, held: Held, action: str, planned: Planned, reply: Any) -> None:

@@ -1,22 +1,31 @@
--- publish: append one token event to a running request's stream, fenced by its lease
--- and made idempotent by the event's token index, so a pipeline retried after a lost
--- connection never writes a token twice.
--- KEYS[1] owners   KEYS[2] request hash   KEYS[3] stream
--- ARGV[1] id   ARGV[2] lease token   ARGV[3] event json   ARGV[4] number of new tokens
--- ARGV[5] index of the event's first token
--- Returns 0 lease lost (nothing written) | 1 published (or already was)
---       | 2 published and a cancel was requested
---       | 3 gap: the stream holds fewer tokens than the index (nothing written)
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-local published = tonumber(redis.call('HGET', KEYS[2], 'num_generated') or '0')
-local index = tonumber(ARGV[5])
-if index > published then return 3 end
-if index == published then
-  redis.call('XADD', KEYS[3], '*', 'e', ARGV[3])
-  redis.call('HINCRBY', KEYS[2], 'num_generated', tonumber(ARGV[4]))
-  if redis.call('HEXISTS', KEYS[2], 'first_token_ms') == 0 then
-    redis.call('HSET', KEYS[2], 'first_token_ms', now_ms())
+-- publish: append one engine step's token events, one per request, each fenced by
+-- its request's lease and made idempotent by its token index, so a pipeline retried
+-- after a lost connection never writes a token twice. One call per step, whatever
+-- the batch size.
+-- KEYS[1] owners   KEYS[2i], KEYS[2i + 1]: request hash and stream of event i (i from 1)
+-- ARGV[5i - 4 .. 5i]: id, lease token, event json, number of new tokens, index of the
+-- event's first token
+-- Returns one code per event: 0 lease lost (nothing written) | 1 published (or already
+-- was) | 2 published and a cancel was requested | 3 gap: the stream holds fewer tokens
+-- than the index (nothing written)
+local function publish_one(h, stream, id, token, event, num_tokens, index)
+  if redis.call('HGET', KEYS[1], id) ~= token then return 0 end
+  local published, cancel = unpack(redis.call('HMGET', h, 'num_generated', 'cancel'))
+  published = tonumber(published or '0')
+  if index > published then return 3 end
+  if index == published then
+    redis.call('XADD', stream, '*', 'e', event)
+    redis.call('HINCRBY', h, 'num_generated', num_tokens)
+    if published == 0 then redis.call('HSETNX', h, 'first_token_ms', now_ms()) end
   end
+  if cancel == '1' then return 2 end
+  return 1
 end
-if redis.call('HGET', KEYS[2], 'cancel') == '1' then return 2 end
-return 1
+
+local out = {}
+for i = 1, (#KEYS - 1) / 2 do
+  local a = 5 * i - 4
+  out[i] = publish_one(KEYS[2 * i], KEYS[2 * i + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2],
+    tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+end
+return out

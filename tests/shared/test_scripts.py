@@ -15,6 +15,7 @@ from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent, du
 from shared.scripts import (
     Claimed,
     Scripts,
+    TokenPublish,
     claim_call,
     finish_call,
     parse_claim,
@@ -87,7 +88,9 @@ def test_claim_expires_a_request_whose_deadline_passed(client: Client) -> None:
 
 def _publish(r: redis.Redis, c: Claimed, index: int, text: str) -> int:
     event = dumps(TokenEvent(index=index, token_ids=(index,), text=text))
-    return int(Scripts(r).run(publish_call(Keys(), c.request_id, c.lease_token, event, index, 1)))
+    call = publish_call(Keys(), [TokenPublish(c.request_id, c.lease_token, event, index, 1)])
+    (code,) = Scripts(r).run(call)
+    return int(code)
 
 
 def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> Any:
@@ -156,3 +159,16 @@ def test_renew_extends_only_leases_still_held(client: Client) -> None:
     held = {c1.request_id: c1.lease_token, c2.request_id: "someone-else:1"}
     call = renew_call(client.keys, client.settings, TAG, held)
     assert list(Scripts(client.redis).run(call)) == [1, 0]
+
+
+def test_one_publish_call_serves_a_whole_step_with_a_code_per_request(client: Client) -> None:
+    handles = [client.submit(f"p{i}") for i in range(3)]
+    claimed = claim(client.redis, client.settings, 3)
+    event = dumps(TokenEvent(index=0, token_ids=(7,), text="x"))
+    items = [TokenPublish(c.request_id, c.lease_token, event, 0, 1) for c in claimed]
+    items[1] = TokenPublish(claimed[1].request_id, "stale:1", event, 0, 1)
+    items.append(TokenPublish(claimed[2].request_id, claimed[2].lease_token, event, 5, 1))
+    codes = Scripts(client.redis).run(publish_call(Keys(), items))
+    assert list(codes) == [1, 0, 1, 3]
+    by_id = {h.id: h for h in handles}
+    assert [by_id[c.request_id].status().num_generated for c in claimed] == [1, 0, 1]
