@@ -63,6 +63,14 @@ class Keys:
     def wakeup(self, tag: str) -> str:
         return self._q(tag, "wakeup")
 
+    def recent(self, tag: str) -> str:
+        """Ended requests by end time (bounded; see _lib.lua)."""
+        return self._q(tag, "recent")
+
+    def failed(self, tag: str) -> str:
+        """Failed and dead-lettered requests by end time (bounded)."""
+        return self._q(tag, "failed")
+
     def deadlines(self, tag: str) -> str:
         return self._q(tag, "deadlines")
 
@@ -96,6 +104,10 @@ class Keys:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}"
+
+    def worker_control(self, worker_id: str) -> str:
+        """An operator's order to a worker ('drain'), read on its heartbeat."""
+        return f"{self.namespace}:worker:{worker_id}:control"
 
     def lifecycle_channel(self) -> str:
         return f"{self.namespace}:lifecycle"

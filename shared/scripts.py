@@ -156,7 +156,15 @@ def claim_call(
     per_request = [k for rid in ids for k in (keys.request(rid), keys.stream(rid))]
     return ScriptCall(
         "claim",
-        [keys.queue(tag), keys.leases(tag), keys.owners(tag), keys.deadlines(tag), *per_request],
+        [
+            keys.queue(tag),
+            keys.leases(tag),
+            keys.owners(tag),
+            keys.deadlines(tag),
+            keys.recent(tag),
+            keys.failed(tag),
+            *per_request,
+        ],
         [worker_id, settings.lease_ms, settings.result_ttl_s, keys.lifecycle_channel(), *ids],
     )
 
@@ -210,6 +218,8 @@ def finish_call(
             keys.stream(request_id),
             keys.dead(tag),
             keys.deadlines(tag),
+            keys.recent(tag),
+            keys.failed(tag),
         ],
         [
             request_id,
@@ -227,7 +237,14 @@ def cancel_call(keys: Keys, settings: Settings, request_id: str) -> ScriptCall:
     tag = tag_of(request_id)
     return ScriptCall(
         "cancel",
-        [keys.queue(tag), keys.request(request_id), keys.stream(request_id), keys.deadlines(tag)],
+        [
+            keys.queue(tag),
+            keys.request(request_id),
+            keys.stream(request_id),
+            keys.deadlines(tag),
+            keys.recent(tag),
+            keys.failed(tag),
+        ],
         [request_id, settings.result_ttl_s, keys.lifecycle_channel()],
     )
 
@@ -263,6 +280,8 @@ def reap_call(keys: Keys, settings: Settings, tag: str, ids: list[str]) -> Scrip
             keys.dead(tag),
             keys.deadlines(tag),
             keys.wakeup(tag),
+            keys.recent(tag),
+            keys.failed(tag),
             *per_request,
         ],
         [

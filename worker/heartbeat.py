@@ -56,10 +56,18 @@ class Heartbeat(threading.Thread):
         if held:
             self.scripts.run(renew_call(s.keys, s.settings, s.tag, held), pipe)
         self._register(pipe)
+        pipe.get(s.keys.worker_control(s.worker_id))
         replies = pipe.execute()
         self.last_ok_s = time.monotonic()
         if held:
             self._apply(list(held), replies[0])
+        self._obey(replies[-1])
+
+    def _obey(self, order: bytes | None) -> None:
+        """Operators drain a worker (dashboard, CLI) by writing 'drain' to its control key."""
+        if order == b"drain" and not self.service.stopping.is_set():
+            log.info("drain requested by an operator: no more claims; finishing what is held")
+            self.service.stopping.set()
 
     def healthy(self) -> bool:
         """Redis answered a recent beat."""

@@ -22,8 +22,20 @@ local function timings(h, finished_ms)
   }
 end
 
+-- Bounded indexes of ended requests, for dashboards: all of them, and the failed.
+local HISTORY_MAX = 1000
+local function remember(history, id, state, at_ms)
+  redis.call('ZADD', history[1], at_ms, id)
+  redis.call('ZREMRANGEBYRANK', history[1], 0, -HISTORY_MAX - 1)
+  if state == 'failed' or state == 'dead' then
+    redis.call('ZADD', history[2], at_ms, id)
+    redis.call('ZREMRANGEBYRANK', history[2], 0, -HISTORY_MAX - 1)
+  end
+end
+
 -- End a request: final event on its stream, terminal state, expiry, notification.
-local function finalize(h, stream, id, state, final_json, finished_ms, ttl_s, channel)
+-- history: {recent index key, failed index key}
+local function finalize(h, stream, history, id, state, final_json, finished_ms, ttl_s, channel)
   local final = cjson.decode(final_json)
   final['timings'] = timings(h, finished_ms)
   local encoded = cjson.encode(final)
@@ -34,5 +46,6 @@ local function finalize(h, stream, id, state, final_json, finished_ms, ttl_s, ch
   redis.call('EXPIRE', h, ttl_s)
   redis.call('EXPIRE', stream, ttl_s)
   redis.call('PUBLISH', channel, cjson.encode({event = state, id = id}))
+  remember(history, id, state, finished_ms)
   return encoded
 end

@@ -1,5 +1,6 @@
 -- cancel: remove a queued request at once, or flag a running one for its worker.
 -- KEYS[1] queue   KEYS[2] request hash   KEYS[3] stream   KEYS[4] deadlines
+-- KEYS[5] recent index   KEYS[6] failed index
 -- ARGV[1] id   ARGV[2] ttl s   ARGV[3] lifecycle channel
 -- Returns 'cancelled' | 'requested' (running: its worker stops it) | 'done' (already
 -- ended) | 'missing'
@@ -10,7 +11,7 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   local final = cjson.encode({type = 'final', finish_reason = 'cancelled',
     usage = {prompt_tokens = 0, completion_tokens = 0}, error = cjson.null})
   redis.call('HSET', KEYS[2], 'output', '{"text":"","token_ids":[]}')
-  finalize(KEYS[2], KEYS[3], ARGV[1], 'cancelled', final, now_ms(), ARGV[2], ARGV[3])
+  finalize(KEYS[2], KEYS[3], {KEYS[5], KEYS[6]}, ARGV[1], 'cancelled', final, now_ms(), ARGV[2], ARGV[3])
   return 'cancelled'
 end
 if state == 'running' then

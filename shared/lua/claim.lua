@@ -2,8 +2,8 @@
 -- The caller peeks candidates (ZRANGE) and passes their keys; a candidate another
 -- worker took first is skipped, so claims never double-assign.
 -- KEYS[1] queue   KEYS[2] leases (zset id -> expiry ms)   KEYS[3] owners (hash id -> token)
--- KEYS[4] deadlines
--- KEYS[5 + 2i], KEYS[6 + 2i]: request hash and stream of candidate i (i from 0)
+-- KEYS[4] deadlines   KEYS[5] recent index   KEYS[6] failed index
+-- KEYS[7 + 2i], KEYS[8 + 2i]: request hash and stream of candidate i (i from 0)
 -- ARGV[1] worker id   ARGV[2] lease ms   ARGV[3] result ttl s   ARGV[4] lifecycle channel
 -- ARGV[5 + i] candidate id i
 -- Returns a flat list: id, lease token, payload, attempts, num_generated for each claimed
@@ -14,12 +14,12 @@ local expired_json = cjson.encode({type = 'final', finish_reason = 'expired',
   usage = {prompt_tokens = 0, completion_tokens = 0}, error = 'deadline passed while queued'})
 for i = 0, #ARGV - 5 do
   local id = ARGV[5 + i]
-  local h, stream = KEYS[5 + 2 * i], KEYS[6 + 2 * i]
+  local h, stream = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
   if redis.call('ZREM', KEYS[1], id) == 1 then
     local deadline = redis.call('HGET', h, 'deadline_ms')
     if deadline and tonumber(deadline) <= now then
       redis.call('ZREM', KEYS[4], id)
-      finalize(h, stream, id, 'expired', expired_json, now, ARGV[3], ARGV[4])
+      finalize(h, stream, {KEYS[5], KEYS[6]}, id, 'expired', expired_json, now, ARGV[3], ARGV[4])
     else
       local attempts = redis.call('HINCRBY', h, 'attempts', 1)
       local token = ARGV[1] .. ':' .. now .. ':' .. attempts

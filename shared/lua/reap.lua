@@ -2,8 +2,8 @@
 -- expire queued requests whose deadline passed. The caller holds the reaper lock
 -- and passes candidates from ZRANGEBYSCORE; each is checked again here.
 -- KEYS[1] leases   KEYS[2] owners   KEYS[3] queue   KEYS[4] dead-letter set
--- KEYS[5] deadlines   KEYS[6] wakeup list
--- KEYS[7 + 2i], KEYS[8 + 2i]: request hash and stream of candidate i (i from 0)
+-- KEYS[5] deadlines   KEYS[6] wakeup list   KEYS[7] recent index   KEYS[8] failed index
+-- KEYS[9 + 2i], KEYS[10 + 2i]: request hash and stream of candidate i (i from 0)
 -- ARGV[1] max attempts   ARGV[2] ttl s   ARGV[3] lifecycle channel   ARGV[4] max priority
 -- ARGV[5 + i] candidate id i
 -- Returns {requeued, dead, expired} counts.
@@ -28,7 +28,7 @@ local function bury(h, stream, id, attempts)
   local final = cjson.encode({type = 'final', finish_reason = 'error',
     usage = {prompt_tokens = 0, completion_tokens = tonumber(redis.call('HGET', h, 'num_generated') or '0')},
     error = reason})
-  finalize(h, stream, id, 'dead', final, now, ARGV[2], ARGV[3])
+  finalize(h, stream, {KEYS[7], KEYS[8]}, id, 'dead', final, now, ARGV[2], ARGV[3])
   redis.call('ZADD', KEYS[4], now, id)
   redis.call('HSET', h, 'dead_reason', reason)
   redis.call('PERSIST', h)
@@ -53,14 +53,14 @@ local expired_json = cjson.encode({type = 'final', finish_reason = 'expired',
 
 for i = 0, #ARGV - 5 do
   local id = ARGV[5 + i]
-  local h, stream = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
+  local h, stream = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
   local expiry = redis.call('ZSCORE', KEYS[1], id)
   local deadline = redis.call('ZSCORE', KEYS[5], id)
   if expiry and tonumber(expiry) <= now then
     reclaim(h, stream, id)
   elseif deadline and tonumber(deadline) <= now and redis.call('ZREM', KEYS[3], id) == 1 then
     redis.call('ZREM', KEYS[5], id)
-    finalize(h, stream, id, 'expired', expired_json, now, ARGV[2], ARGV[3])
+    finalize(h, stream, {KEYS[7], KEYS[8]}, id, 'expired', expired_json, now, ARGV[2], ARGV[3])
     counts[3] = counts[3] + 1
   end
 end

@@ -89,3 +89,13 @@ def test_retry_runs_a_dead_request_again_from_the_start(client: Client) -> None:
     assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
     assert client.redis.xlen(Keys().stream(h.id)) == 0
     assert scripts.run(retry_call(client.keys, h.id)) == 0
+
+
+def test_ended_requests_are_indexed_for_dashboards(client: Client) -> None:
+    cancelled = client.submit("a")
+    cancelled.cancel()
+    dead = client.submit("b")
+    kill_every_attempt(client, dead.id)
+    recent = [m.decode() for m in client.redis.zrange(Keys().recent(TAG), 0, -1)]
+    failed = [m.decode() for m in client.redis.zrange(Keys().failed(TAG), 0, -1)]
+    assert (recent, failed) == ([cancelled.id, dead.id], [dead.id])

@@ -163,3 +163,18 @@ def test_a_paused_queue_is_not_claimed(setup: Any, fake_redis: fakeredis.FakeRed
     fake_redis.delete(Keys().paused(model_tag(MODEL)))
     assert service.intake() == 1
     assert h.status().state is RequestState.RUNNING
+
+
+def test_an_operator_drain_order_stops_claims(setup: Any, fake_redis: fakeredis.FakeRedis) -> None:
+    from worker.heartbeat import Heartbeat
+
+    client, service, _ = setup
+    heartbeat = Heartbeat(service, fake_redis, {"model": MODEL})
+    heartbeat.beat()
+    assert not service.stopping.is_set()
+    assert fake_redis.hget(Keys().worker("w1"), "state") == b"serving"
+    fake_redis.set(Keys().worker_control("w1"), "drain")
+    heartbeat.beat()
+    assert service.stopping.is_set()
+    client.submit("p", model=MODEL)
+    assert service.intake() == 0
