@@ -7,6 +7,7 @@ worker share one definition and differ only in how they send it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -45,8 +46,8 @@ def load_source(name: str) -> str:
 @dataclass(frozen=True)
 class ScriptCall:
     script: str
-    keys: list[str]
-    args: list[ARG]
+    keys: Sequence[str]
+    args: Sequence[ARG]
 
 
 class Scripts:
@@ -266,7 +267,7 @@ def _text(value: Any) -> str:
 class Reaped:
     requeued: int = 0
     dead: int = 0
-    expired: int = 0
+    ended: int = 0  # expired while queued, or cancelled while its worker died
 
 
 def reap_call(keys: Keys, settings: Settings, tag: str, ids: list[str]) -> ScriptCall:

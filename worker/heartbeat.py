@@ -76,12 +76,12 @@ class Heartbeat(threading.Thread):
     def reap(self) -> None:
         s = self.service
         reaped = reap_once(self.redis, self.scripts, s.settings, s.tag, s.worker_id)
-        if reaped is not None and (reaped.requeued or reaped.dead or reaped.expired):
+        if reaped is not None and (reaped.requeued or reaped.dead or reaped.ended):
             log.info(
-                "reaper: %d requeued, %d dead-lettered, %d expired",
+                "reaper: %d requeued, %d dead-lettered, %d ended (expired or cancelled)",
                 reaped.requeued,
                 reaped.dead,
-                reaped.expired,
+                reaped.ended,
             )
 
     def _apply(self, ids: list[str], codes: list[int]) -> None:

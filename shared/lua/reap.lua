@@ -6,7 +6,7 @@
 -- KEYS[9 + 2i], KEYS[10 + 2i]: request hash and stream of candidate i (i from 0)
 -- ARGV[1] max attempts   ARGV[2] ttl s   ARGV[3] lifecycle channel   ARGV[4] max priority
 -- ARGV[5 + i] candidate id i
--- Returns {requeued, dead, expired} counts.
+-- Returns {requeued, dead, ended} counts (ended: expired while queued, or cancelled).
 local now = now_ms()
 local counts = {0, 0, 0}
 
@@ -35,11 +35,18 @@ local function bury(h, stream, id, attempts)
   redis.call('PERSIST', stream)
 end
 
+local cancelled_json = cjson.encode({type = 'final', finish_reason = 'cancelled',
+  usage = {prompt_tokens = 0, completion_tokens = 0}, error = cjson.null})
+
 local function reclaim(h, stream, id)
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
   local attempts = tonumber(redis.call('HGET', h, 'attempts') or '0')
-  if attempts >= tonumber(ARGV[1]) then
+  if redis.call('HGET', h, 'cancel') == '1' then
+    -- Cancelled while its worker was dying: end it rather than run it again.
+    finalize(h, stream, {KEYS[7], KEYS[8]}, id, 'cancelled', cancelled_json, now, ARGV[2], ARGV[3])
+    counts[3] = counts[3] + 1
+  elseif attempts >= tonumber(ARGV[1]) then
     bury(h, stream, id, attempts)
     counts[2] = counts[2] + 1
   else

@@ -63,7 +63,7 @@ def test_one_reaper_sweeps_at_a_time(client: Client) -> None:
 def test_a_queued_request_past_its_deadline_expires_without_a_worker(client: Client) -> None:
     h = client.submit("late", deadline=0.05)
     time.sleep(0.1)
-    assert _reap(client) == Reaped(expired=1)
+    assert _reap(client) == Reaped(ended=1)
     assert h.result(timeout=1).finish_reason is FinishReason.EXPIRED
     assert h.position() is None
 
@@ -99,3 +99,13 @@ def test_ended_requests_are_indexed_for_dashboards(client: Client) -> None:
     recent = [m.decode() for m in client.redis.zrange(Keys().recent(TAG), 0, -1)]
     failed = [m.decode() for m in client.redis.zrange(Keys().failed(TAG), 0, -1)]
     assert (recent, failed) == ([cancelled.id, dead.id], [dead.id])
+
+
+def test_a_request_cancelled_while_its_worker_died_is_not_run_again(client: Client) -> None:
+    h = client.submit("a")
+    claim(client.redis, client.settings, 1)
+    assert h.cancel() == "requested"
+    _expire_leases(client.redis)
+    assert _reap(client) == Reaped(ended=1)
+    assert h.result(timeout=1).finish_reason is FinishReason.CANCELLED
+    assert h.position() is None
