@@ -1,18 +1,36 @@
 """Finding requests whose worker died, and queued requests whose deadline passed.
 
-Any process may sweep (workers do, from their heartbeat); a short lock per queue
-makes one sweep at a time.
+Any process may sweep (workers from their heartbeat, gateways from a background
+task); a short lock per queue makes one sweep at a time.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
+import redis.asyncio
 
 from shared.keys import Keys
-from shared.scripts import Reaped, Scripts, parse_reap, reap_call
+from shared.scripts import AsyncScripts, Reaped, Scripts, parse_reap, reap_call
 from shared.settings import Settings
 
 MAX_PER_SWEEP = 200
+
+
+def _lock_ms(settings: Settings) -> int:
+    return max(settings.lease_ms // 2, 100)
+
+
+def _queue_candidates(pipe: Any, keys: Keys, tag: str, time_reply: Any) -> None:
+    seconds, micros = time_reply
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    pipe.zrangebyscore(keys.leases(tag), "-inf", now_ms, start=0, num=MAX_PER_SWEEP)
+    pipe.zrangebyscore(keys.deadlines(tag), "-inf", now_ms, start=0, num=MAX_PER_SWEEP)
+
+
+def _ids(replies: list[Any]) -> list[str]:
+    return sorted({m.decode() if isinstance(m, bytes) else str(m) for r in replies for m in r})
 
 
 def reap_once(
@@ -20,20 +38,22 @@ def reap_once(
 ) -> Reaped | None:
     """One sweep of ``tag``'s queue, or None when another process holds the lock."""
     keys = Keys(settings.namespace)
-    lock_ms = max(settings.lease_ms // 2, 100)
-    if not connection.set(keys.reaper_lock(tag), owner, nx=True, px=lock_ms):
+    if not connection.set(keys.reaper_lock(tag), owner, nx=True, px=_lock_ms(settings)):
         return None
-    seconds, micros = connection.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
     pipe = connection.pipeline(transaction=False)
-    pipe.zrangebyscore(keys.leases(tag), "-inf", now_ms, start=0, num=MAX_PER_SWEEP)
-    pipe.zrangebyscore(keys.deadlines(tag), "-inf", now_ms, start=0, num=MAX_PER_SWEEP)
-    expired_leases, passed_deadlines = pipe.execute()
-    ids = sorted({_text(i) for i in [*expired_leases, *passed_deadlines]})
-    if not ids:
-        return Reaped()
-    return parse_reap(scripts.run(reap_call(keys, settings, tag, ids)))
+    _queue_candidates(pipe, keys, tag, connection.time())
+    ids = _ids(pipe.execute())
+    return parse_reap(scripts.run(reap_call(keys, settings, tag, ids))) if ids else Reaped()
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+async def reap_once_async(
+    connection: redis.asyncio.Redis, scripts: AsyncScripts, settings: Settings, tag: str, owner: str
+) -> Reaped | None:
+    """The asyncio twin of ``reap_once``, for gateways."""
+    keys = Keys(settings.namespace)
+    if not await connection.set(keys.reaper_lock(tag), owner, nx=True, px=_lock_ms(settings)):
+        return None
+    pipe = connection.pipeline(transaction=False)
+    _queue_candidates(pipe, keys, tag, await connection.time())
+    ids = _ids(await pipe.execute())
+    return parse_reap(await scripts.run(reap_call(keys, settings, tag, ids))) if ids else Reaped()

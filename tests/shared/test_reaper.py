@@ -109,3 +109,26 @@ def test_a_request_cancelled_while_its_worker_died_is_not_run_again(client: Clie
     assert _reap(client) == Reaped(ended=1)
     assert h.result(timeout=1).finish_reason is FinishReason.CANCELLED
     assert h.position() is None
+
+
+async def test_gateways_reap_with_the_asyncio_twin(redis_server: object) -> None:
+    import redis.asyncio
+
+    from shared.reaper import reap_once_async
+    from shared.scripts import AsyncScripts
+    from tests.conftest import serve
+
+    url = redis_server.url  # type: ignore[attr-defined]
+    sync = redis.Redis.from_url(url)
+    sync.flushall()
+    serve(sync, "SmolLM2-135M-Instruct")
+    client = Client(connection=sync)
+    h = client.submit("a")
+    claim(sync, client.settings, 1)
+    _expire_leases(sync)
+    connection = redis.asyncio.Redis.from_url(url)
+    reaped = await reap_once_async(connection, AsyncScripts(connection), client.settings, TAG, "gw")
+    assert reaped == Reaped(requeued=1)
+    assert h.position() == 0
+    await connection.aclose()
+    sync.close()
