@@ -7,7 +7,6 @@ producer side installs and starts without the model stack.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,8 @@ import typer
 from rich.console import Console
 
 from producer.admin import Admin
+from producer.batch.cli import batch_app
+from producer.cli_options import RedisOpt, settings_for
 from producer.client import Client, Handle
 from producer.embedded import EmbeddedRedis, up_state_file
 from shared.errors import TokenqError
@@ -29,26 +30,7 @@ from shared.settings import DEFAULT_MODEL, Settings
 app = typer.Typer(help="tokenq: prioritized LLM generation through Redis.", no_args_is_help=True)
 console = Console(stderr=True)
 
-RedisOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--redis", help="Redis URL (default: TOKENQ_REDIS_URL, else a running `tokenq up`)"
-    ),
-]
 ModelOpt = Annotated[str, typer.Option(help="model name or local path")]
-
-
-def settings_for(redis_url: str | None) -> Settings:
-    """Settings with the Redis URL from the flag, the environment, or `tokenq up`."""
-    env = Settings()
-    if redis_url:
-        return Settings(redis_url=redis_url)
-    if "TOKENQ_REDIS_URL" in os.environ:
-        return env
-    state = up_state_file()
-    if state.exists():
-        return Settings(redis_url=state.read_text().strip())
-    return env
 
 
 @app.command()
@@ -129,6 +111,7 @@ def submit(
 
 dead_app = typer.Typer(help="The dead-letter set: requests that could not be run.")
 app.add_typer(dead_app, name="dead")
+app.add_typer(batch_app, name="batch")
 
 
 def _client(redis_url: str | None) -> Client:

@@ -111,3 +111,91 @@ class Keys:
 
     def lifecycle_channel(self) -> str:
         return f"{self.namespace}:lifecycle"
+
+
+# Batches and webhooks (RQ). A batch's keys share one hash tag (the batch id), so a
+# MULTI over them also works on Redis Cluster.
+BATCH_ID_RE = re.compile(r"^batch_[0-9a-f]{24}$")
+DELIVERY_ID_RE = re.compile(r"^[A-Za-z0-9_\-]{1,80}$")
+
+
+def new_batch_id() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+def check_batch_id(batch_id: str) -> str:
+    """The id itself; raises InvalidRequest for anything that is not a batch id."""
+    if not BATCH_ID_RE.match(batch_id):
+        raise InvalidRequest(
+            f"malformed batch id {batch_id!r}: expected 'batch_' and 24 hex characters"
+        )
+    return batch_id
+
+
+def check_delivery_id(delivery_id: str) -> str:
+    if not DELIVERY_ID_RE.match(delivery_id):
+        raise InvalidRequest(f"malformed webhook delivery id {delivery_id!r}")
+    return delivery_id
+
+
+@dataclass(frozen=True)
+class BatchKeys:
+    namespace: str = "tokenq"
+
+    def _b(self, batch_id: str, name: str) -> str:
+        return f"{self.namespace}:{{{check_batch_id(batch_id)}}}:batch:{name}"
+
+    def meta(self, batch_id: str) -> str:
+        """Hash: the batch record (state, cursor, driver job, ...)."""
+        return self._b(batch_id, "meta")
+
+    def lines(self, batch_id: str) -> str:
+        """List: one validated line per input line, in input order."""
+        return self._b(batch_id, "lines")
+
+    def pending(self, batch_id: str) -> str:
+        """Hash custom_id -> request id, for lines in tokenq's queue or running."""
+        return self._b(batch_id, "pending")
+
+    def outputs(self, batch_id: str) -> str:
+        """Hash custom_id -> output JSONL line."""
+        return self._b(batch_id, "outputs")
+
+    def errors(self, batch_id: str) -> str:
+        """Hash custom_id -> error JSONL line."""
+        return self._b(batch_id, "errors")
+
+    def all_of(self, batch_id: str) -> list[str]:
+        names = (self.meta, self.lines, self.pending, self.outputs, self.errors)
+        return [name(batch_id) for name in names]
+
+    def batches(self) -> str:
+        """Sorted set of batch ids by creation time (ms), for listing."""
+        return f"{self.namespace}:batches"
+
+    def delivery(self, delivery_id: str) -> str:
+        """Hash: one webhook delivery (url, body, state, attempts, last error)."""
+        return f"{self.namespace}:webhook:{check_delivery_id(delivery_id)}"
+
+    def deliveries(self) -> str:
+        """Sorted set of delivery ids by creation time (ms)."""
+        return f"{self.namespace}:webhooks"
+
+    def failed_deliveries(self) -> str:
+        """Sorted set of deliveries whose retries ran out, by time of the last try."""
+        return f"{self.namespace}:webhooks:failed"
+
+    def watched(self) -> str:
+        """Hash request id -> webhook URL: requests whose end the watcher reports."""
+        return f"{self.namespace}:webhooks:watched"
+
+    def watcher(self) -> str:
+        """Hash with field ``driver``: the RQ job id of the live request watcher."""
+        return f"{self.namespace}:webhooks:watcher"
+
+    # RQ queues (RQ prefixes its own keys with ``rq:``).
+    def batch_queue(self) -> str:
+        return f"{self.namespace}-batch"
+
+    def webhook_queue(self) -> str:
+        return f"{self.namespace}-webhooks"

@@ -2,7 +2,7 @@
 
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -32,6 +32,24 @@ class Settings(BaseSettings):
     # A worker serves /metrics, /healthz and /readyz on this port (off when unset).
     worker_metrics_port: int | None = Field(None, ge=0, le=65535)
     model_cache_dir: str | None = None
+    # Batches (RQ): lines of one batch in tokenq's queue or running at once, so a
+    # batch leaves room in the queue (max_queued) for interactive traffic.
+    batch_max_in_flight: int = Field(256, ge=1)
+    max_batch_lines: int = Field(50_000, ge=1)
+    # One RQ job drives a batch for about batch_tick_s, then hands over to the next,
+    # so one RQ worker can drive many batches and a dead worker loses one short job.
+    batch_tick_s: float = Field(5.0, gt=0)
+    batch_poll_s: float = Field(0.5, gt=0)
+    batch_job_timeout_s: int = Field(120, ge=1)
+    # A job whose RQ worker stops heartbeating for (job timeout + this) is retried.
+    batch_heartbeat_grace_s: int = Field(30, ge=1)
+    rq_maintenance_s: int = Field(30, ge=1)
+    batch_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    # Webhooks: signed with HMAC-SHA256 under webhook_secret; waits before each retry.
+    webhook_secret: SecretStr | None = None
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    webhook_retry_s: tuple[int, ...] = (5, 30, 120, 600, 1800)
+    webhook_ttl_s: int = Field(7 * 24 * 3600, ge=1)
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,119 @@
+"""The batch operations behind ``tokenq batch`` and the gateway: submit, status, cancel,
+results, resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from producer.batch import chain, driver, store, webhooks
+from producer.batch.context import Context
+from producer.batch.lines import BatchInputError, parse_jsonl
+from producer.batch.models import BatchState, BatchStatus
+from producer.batch.store import Results
+from producer.client import Client
+from shared.errors import InvalidRequest, TokenqError
+from shared.priority import parse_priority
+from shared.settings import Settings
+
+TICK_FUNC = "producer.batch.jobs.advance_batch"
+Source = str | bytes | Path | Iterable[Mapping[str, Any]]
+
+
+class BatchEnded(TokenqError):
+    """The batch has already ended, so it cannot be resumed."""
+
+
+def batch_chain(ctx: Context, batch_id: str) -> chain.Chain:
+    return chain.Chain(ctx.bkeys.meta(batch_id), TICK_FUNC, (batch_id,), batch_id)
+
+
+class Batches:
+    """Batches on the Redis that ``client`` talks to (``Batches(Client())``)."""
+
+    def __init__(self, client: Client, settings: Settings | None = None) -> None:
+        self.ctx = Context(client.redis, settings or client.settings)
+
+    def submit(
+        self,
+        source: Source,
+        *,
+        priority: int | str = "low",
+        model: str | None = None,
+        webhook_url: str | None = None,
+    ) -> str:
+        """Create a batch from JSONL (text, bytes, a path) or line dicts; returns its id.
+        Raises BatchInputError listing bad lines; nothing is queued then."""
+        ctx = self.ctx
+        lines = parse_jsonl(_jsonl(source), ctx.settings, model=model,
+                            max_lines=ctx.settings.max_batch_lines)  # fmt: skip
+        if webhook_url is not None:
+            webhooks.check_url(webhook_url)
+            webhooks.require_secret(ctx)
+        with ctx.redis.pipeline(transaction=True) as pipe:
+            pipe.multi()
+            batch_id = store.create(ctx, pipe, lines, _priority(priority), webhook_url)
+            chain.start(ctx, batch_chain(ctx, batch_id), pipe)
+            pipe.execute()
+        return batch_id
+
+    def status(self, batch_id: str) -> BatchStatus:
+        return store.status(self.ctx, batch_id)
+
+    def list(self, limit: int = 50) -> list[BatchStatus]:
+        return store.list_batches(self.ctx, limit)
+
+    def cancel(self, batch_id: str) -> BatchStatus:
+        """Stop the batch: queued lines are removed at once, running ones stop within a
+        step; lines done so far keep their results. A batch that has ended is left as is."""
+        if self._mark_cancelling(batch_id):
+            driver.cancel_pending(self.ctx, batch_id)
+        return self.status(batch_id)
+
+    def results(self, batch_id: str) -> Results:
+        """(output JSONL lines, error JSONL lines), each in input order."""
+        return store.results(self.ctx, batch_id)
+
+    def resume(self, batch_id: str) -> str:
+        """Start a new driver job for a batch whose jobs were lost; returns its job id."""
+        if self.status(batch_id).state.terminal:
+            raise BatchEnded(f"batch {batch_id} has already ended; nothing to resume")
+        return chain.start(self.ctx, batch_chain(self.ctx, batch_id))
+
+    def _mark_cancelling(self, batch_id: str) -> bool:
+        key = self.ctx.bkeys.meta(batch_id)
+        with self.ctx.redis.pipeline(transaction=True) as pipe:
+            for _ in range(chain.MAX_WATCH_TRIES):
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    if store.meta(self.ctx, batch_id)["state"] != BatchState.IN_PROGRESS:
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, "state", BatchState.CANCELLING.value)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+        raise TokenqError(f"batch {batch_id} kept changing; try the cancel again")
+
+
+def _jsonl(source: Source) -> str | bytes:
+    if isinstance(source, Path):
+        try:
+            return source.read_bytes()
+        except OSError as e:
+            raise BatchInputError([f"cannot read {source}: {e.strerror}"]) from e
+    if isinstance(source, str | bytes):
+        return source
+    return b"\n".join(orjson.dumps(dict(line)) for line in source)
+
+
+def _priority(value: int | str) -> int:
+    try:
+        return parse_priority(value)
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from e

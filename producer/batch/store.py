@@ -1,0 +1,109 @@
+"""The batch record in Redis: create it, read its status, read its lines and results."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+
+from producer.batch.context import Context
+from producer.batch.lines import BatchLine
+from producer.batch.models import BatchCounts, BatchState, BatchStatus
+from shared.errors import NotFound
+from shared.keys import new_batch_id
+
+CHUNK = 500
+Results = tuple[list[bytes], list[bytes]]
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def now_ms(ctx: Context) -> int:
+    """Redis's clock, like the Lua scripts, so hosts agree."""
+    seconds, micros = ctx.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def create(
+    ctx: Context,
+    pipe: redis.client.Pipeline,
+    lines: Sequence[BatchLine],
+    priority: int,
+    webhook_url: str | None,
+) -> str:
+    """Queue the commands that write a new batch on ``pipe``; returns its id."""
+    batch_id, created = new_batch_id(), now_ms(ctx)
+    meta: dict[str, str | int] = {
+        "state": BatchState.IN_PROGRESS.value, "priority": priority, "total": len(lines),
+        "cursor": 0, "created_ms": created, "webhook_url": webhook_url or "",
+    }  # fmt: skip
+    pipe.hset(ctx.bkeys.meta(batch_id), mapping=meta)  # type: ignore[arg-type]
+    for start in range(0, len(lines), CHUNK):
+        pipe.rpush(ctx.bkeys.lines(batch_id), *(x.to_json() for x in lines[start : start + CHUNK]))
+    pipe.zadd(ctx.bkeys.batches(), {batch_id: created})
+    return batch_id
+
+
+def meta(ctx: Context, batch_id: str) -> dict[str, str]:
+    raw = ctx.redis.hgetall(ctx.bkeys.meta(batch_id))
+    if not raw:
+        raise NotFound(f"batch {batch_id} does not exist (or has expired)")
+    return {text(k): text(v) for k, v in raw.items()}
+
+
+def status(ctx: Context, batch_id: str) -> BatchStatus:
+    k = ctx.bkeys
+    pipe = ctx.redis.pipeline(transaction=False)
+    for key in (k.outputs(batch_id), k.errors(batch_id), k.pending(batch_id)):
+        pipe.hlen(key)
+    completed, failed, in_flight = pipe.execute()
+    m = meta(ctx, batch_id)
+    counts = BatchCounts(total=int(m["total"]), completed=completed, failed=failed,
+                         in_flight=in_flight)  # fmt: skip
+    return BatchStatus(
+        id=batch_id, state=BatchState(m["state"]), priority=int(m["priority"]), counts=counts,
+        submitted=int(m["cursor"]), created_ms=int(m["created_ms"]),
+        finished_ms=int(m["finished_ms"]) if m.get("finished_ms") else None,
+        webhook_url=m["webhook_url"] or None, error=m.get("error") or None,
+    )  # fmt: skip
+
+
+def read_lines(ctx: Context, batch_id: str, start: int, num: int) -> list[BatchLine]:
+    raw = ctx.redis.lrange(ctx.bkeys.lines(batch_id), start, start + num - 1)
+    return [BatchLine.from_json(r) for r in raw]
+
+
+def iter_lines(ctx: Context, batch_id: str, start: int = 0) -> Iterator[list[BatchLine]]:
+    while chunk := read_lines(ctx, batch_id, start, CHUNK):
+        yield chunk
+        start += len(chunk)
+
+
+def results(ctx: Context, batch_id: str) -> Results:
+    """(output lines, error lines), each in input order."""
+    meta(ctx, batch_id)  # raises NotFound
+    outputs: list[bytes] = []
+    errors: list[bytes] = []
+    for chunk in iter_lines(ctx, batch_id):
+        ids = [line.custom_id for line in chunk]
+        pipe = ctx.redis.pipeline(transaction=False)
+        pipe.hmget(ctx.bkeys.outputs(batch_id), ids)
+        pipe.hmget(ctx.bkeys.errors(batch_id), ids)
+        out, err = pipe.execute()
+        outputs += [x for x in out if x is not None]
+        errors += [x for x in err if x is not None]
+    return outputs, errors
+
+
+def list_batches(ctx: Context, limit: int = 50) -> list[BatchStatus]:
+    """The newest batches first; ones that expired are left out."""
+    found = []
+    for raw in ctx.redis.zrevrange(ctx.bkeys.batches(), 0, limit - 1):
+        try:
+            found.append(status(ctx, text(raw)))
+        except NotFound:
+            ctx.redis.zrem(ctx.bkeys.batches(), text(raw))
+    return found

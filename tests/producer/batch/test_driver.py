@@ -1,0 +1,144 @@
+"""A batch driven tick by tick against fakeredis and a scripted tokenq worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+
+from producer.batch import driver, store
+from producer.batch.models import BatchState
+from producer.batch.ops import Batches
+from producer.batch.store import text
+from producer.client import Client
+from shared.models import RequestState
+from shared.settings import Settings
+from tests.producer.batch.conftest import jsonl
+from worker.service import WorkerService
+
+MAX_ROUNDS = 100
+
+
+def drive(batches: Batches, batch_id: str, worker: WorkerService | None) -> int:
+    """Ticks (with the tokenq worker draining its queue between) until the batch ends."""
+    for rounds in range(1, MAX_ROUNDS + 1):
+        job_id = store.meta(batches.ctx, batch_id)["driver"]
+        if driver.run_tick(batches.ctx, batch_id, job_id):
+            return rounds
+        if worker is not None:
+            worker.run(burst=True)
+    raise AssertionError(f"batch {batch_id} did not end in {MAX_ROUNDS} ticks")
+
+
+def custom_ids(lines: list[bytes]) -> list[str]:
+    return [orjson.loads(line)["custom_id"] for line in lines]
+
+
+def test_a_batch_completes_with_outputs_by_custom_id(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    batches = make_batches()
+    batch_id = batches.submit(jsonl(10) + jsonl(1, url="/v1/completions").replace("-0", "-c"))
+    drive(batches, batch_id, tokenq_worker())
+    status = batches.status(batch_id)
+    assert status.state is BatchState.COMPLETED
+    assert (status.counts.completed, status.counts.failed, status.counts.total) == (11, 0, 11)
+    outputs, errors = batches.results(batch_id)
+    assert custom_ids(outputs) == [f"line-{i}" for i in range(10)] + ["line-c"]
+    assert errors == []
+    first, last = orjson.loads(outputs[0]), orjson.loads(outputs[-1])
+    assert first["response"]["status_code"] == 200
+    assert first["response"]["body"]["choices"][0]["message"]["content"] == "t0t1t2"
+    assert last["response"]["body"]["choices"][0]["text"] == "t0t1t2"
+    assert last["response"]["body"]["object"] == "text_completion"
+
+
+def test_fan_out_keeps_to_the_in_flight_cap_and_the_batch_priority(
+    make_batches: Callable[..., Batches],
+) -> None:
+    batches = make_batches(batch_max_in_flight=3)
+    batch_id = batches.submit(jsonl(10), priority="high")
+    m = store.meta(batches.ctx, batch_id)
+    assert driver.fan_out(batches.ctx, batch_id, m) == 3
+    assert driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id)) == 0
+    status = batches.status(batch_id)
+    assert (status.submitted, status.counts.in_flight, status.priority) == (3, 3, 75)
+    client = Client(connection=batches.ctx.redis)
+    pending = text(batches.ctx.redis.hget(batches.ctx.bkeys.pending(batch_id), "line-0"))
+    assert client.handle(pending.split(":")[1]).status().priority == 75
+
+
+def test_a_full_queue_makes_the_batch_wait_and_then_continue(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    settings = Settings(max_queued=2)
+    batches = make_batches(settings, batch_max_in_flight=100)
+    batch_id = batches.submit(jsonl(9))
+    m = store.meta(batches.ctx, batch_id)
+    assert driver.fan_out(batches.ctx, batch_id, m) == 2  # the queue bound, not the cap
+    drive(batches, batch_id, tokenq_worker(settings))
+    outputs, errors = batches.results(batch_id)
+    assert (len(outputs), errors) == (9, [])
+
+
+def test_lines_enqueued_again_after_a_crash_run_once(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    batches = make_batches()
+    batch_id = batches.submit(jsonl(4))
+    m = store.meta(batches.ctx, batch_id)
+    driver.fan_out(batches.ctx, batch_id, m)
+    first = batches.ctx.redis.hgetall(batches.ctx.bkeys.pending(batch_id))
+    # A driver that died before recording its progress enqueues the same lines again.
+    batches.ctx.redis.delete(batches.ctx.bkeys.pending(batch_id))
+    driver.fan_out(batches.ctx, batch_id, m)
+    assert batches.ctx.redis.hgetall(batches.ctx.bkeys.pending(batch_id)) == first
+    worker = tokenq_worker()
+    drive(batches, batch_id, worker)
+    assert len(worker.engine.added) == 4  # type: ignore[attr-defined]
+
+
+def test_cancel_removes_queued_lines_at_once_and_keeps_finished_results(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    batches = make_batches(batch_max_in_flight=2)
+    batch_id = batches.submit(jsonl(6))
+    worker = tokenq_worker()
+    driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
+    worker.run(burst=True)
+    driver.collect(batches.ctx, batch_id)
+    driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
+    pending = batches.ctx.redis.hvals(batches.ctx.bkeys.pending(batch_id))
+    queued = [text(v).split(":")[1] for v in pending]
+    assert batches.cancel(batch_id).state is BatchState.CANCELLING
+    client = Client(connection=batches.ctx.redis)
+    assert [client.handle(r).status().state for r in queued] == [RequestState.CANCELLED] * 2
+    drive(batches, batch_id, None)
+    assert batches.status(batch_id).state is BatchState.CANCELLED
+    outputs, errors = batches.results(batch_id)
+    assert custom_ids(outputs) == ["line-0", "line-1"]
+    codes = [orjson.loads(e)["error"]["code"] for e in errors]
+    assert codes == ["cancelled", "cancelled", "batch_cancelled", "batch_cancelled"]
+    assert batches.cancel(batch_id).state is BatchState.CANCELLED  # a no-op once ended
+
+
+def test_a_driver_that_was_replaced_stands_down(make_batches: Callable[..., Batches]) -> None:
+    batches = make_batches()
+    batch_id = batches.submit(jsonl(2))
+    old = store.meta(batches.ctx, batch_id)["driver"]
+    new = batches.resume(batch_id)
+    assert new != old
+    assert driver.run_tick(batches.ctx, batch_id, old) is True
+    assert batches.status(batch_id).submitted == 0
+
+
+def test_lines_can_be_given_as_dicts(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    batches = make_batches()
+    lines = [{"custom_id": "a", "body": {"prompt": "hi", "max_tokens": 1}}]
+    batch_id = batches.submit(lines, model="m", priority=10)
+    drive(batches, batch_id, tokenq_worker())
+    (output,) = batches.results(batch_id)[0]
+    assert orjson.loads(output)["response"]["body"]["choices"][0]["text"] == "t0"
+    assert batches.status(batch_id).priority == 10

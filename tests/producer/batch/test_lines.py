@@ -1,0 +1,75 @@
+"""Batch input lines: OpenAI's batch format and plain bodies, with clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.batch.lines import BatchInputError, parse_jsonl
+from shared.settings import Settings
+from tests.producer.batch.conftest import jsonl
+
+SETTINGS = Settings()
+
+
+def test_openai_chat_and_completion_lines_become_requests() -> None:
+    text = jsonl(1) + jsonl(1, url="/v1/completions").replace("line-0", "line-c")
+    chat, completion = parse_jsonl(text, SETTINGS)
+    assert (chat.custom_id, chat.kind) == ("line-0", "chat")
+    assert chat.request.messages is not None
+    assert chat.request.messages[0].content == "hello 0"
+    assert chat.request.sampling.max_tokens == 3
+    assert (completion.kind, completion.request.prompt) == ("completion", "p 0")
+
+
+def test_a_plain_body_line_and_the_default_model() -> None:
+    text = '{"custom_id": "a", "prompt": "hi", "max_completion_tokens": 5, "stop": "x"}\n\n'
+    (line,) = parse_jsonl(text, SETTINGS, model="other")
+    assert (line.kind, line.request.model, line.request.prompt) == ("completion", "other", "hi")
+    assert (line.request.sampling.max_tokens, line.request.sampling.stop) == (5, ("x",))
+
+
+def test_developer_role_and_content_parts_are_accepted() -> None:
+    msg = '{"role": "developer", "content": [{"type": "text", "text": "be brief"}]}'
+    text = f'{{"custom_id": "a", "body": {{"messages": [{msg}]}}}}'
+    (line,) = parse_jsonl(text, SETTINGS)
+    assert line.request.messages is not None
+    assert (line.request.messages[0].role, line.request.messages[0].content) == (
+        "system",
+        "be brief",
+    )
+
+
+def test_every_bad_line_is_reported_with_its_number() -> None:
+    text = "\n".join(
+        [
+            '{"custom_id": "a", "prompt": "ok"}',
+            "not json",
+            '{"custom_id": "a", "prompt": "again"}',
+            '{"custom_id": "b", "url": "/v1/embeddings", "body": {"input": "x"}}',
+            '{"custom_id": "c", "body": {"prompt": "x", "n": 2}}',
+            '{"prompt": "no id"}',
+            '{"custom_id": "d", "body": {"prompt": "x", "tools": []}}',
+        ]
+    )
+    with pytest.raises(BatchInputError) as err:
+        parse_jsonl(text, SETTINGS)
+    message = str(err.value)
+    assert "6 bad line(s)" in message
+    assert "line 2: not JSON" in message
+    assert "line 3: custom_id 'a' is used twice" in message
+    assert "line 4: url: '/v1/embeddings' is not supported" in message
+    assert "line 5: body.n: only 1 is supported" in message
+    assert "line 6: custom_id: give a non-empty string" in message
+    assert "line 7: body: unsupported field(s) tools" in message
+
+
+def test_invalid_sampling_names_the_field() -> None:
+    with pytest.raises(BatchInputError, match=r"line 1: .*sampling.temperature"):
+        parse_jsonl('{"custom_id": "a", "prompt": "x", "temperature": -1}', SETTINGS)
+
+
+def test_an_empty_file_and_too_many_lines_are_refused() -> None:
+    with pytest.raises(BatchInputError, match="no lines"):
+        parse_jsonl("\n \n", SETTINGS)
+    with pytest.raises(BatchInputError, match="3 lines, over the limit of 2"):
+        parse_jsonl(jsonl(3), SETTINGS, max_lines=2)
