@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export TOKENQ_MODEL_CACHE_DIR ?= $(CURDIR)/.cache/models
 
-.PHONY: run test lint bench setup redis-server
+.PHONY: run test lint bench setup redis-server chromium
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/tokenq up
 
-test: setup redis-server
+test: setup redis-server chromium
 	$(PY) -m pytest
 
 lint: setup
@@ -38,3 +38,9 @@ redis-server:
 	@command -v redis-server >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
 	  else echo "redis-server is missing: run  sudo apt-get install -y redis-server"; exit 1; fi; }
+
+# The dashboard's browser test drives Debian's Chromium (never a downloaded browser).
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	  else echo "chromium is missing: run  sudo apt-get install -y chromium"; exit 1; fi; }

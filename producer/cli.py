@@ -21,6 +21,7 @@ from producer.admin import Admin
 from producer.batch.cli import batch_app
 from producer.cli_options import RedisOpt, settings_for
 from producer.client import Client, Handle
+from producer.dashboard.cli import dashboard
 from producer.embedded import EmbeddedRedis, up_state_file
 from shared.errors import TokenqError
 from shared.models import FinalEvent, TokenEvent
@@ -112,6 +113,7 @@ def submit(
 dead_app = typer.Typer(help="The dead-letter set: requests that could not be run.")
 app.add_typer(dead_app, name="dead")
 app.add_typer(batch_app, name="batch")
+app.command()(dashboard)
 
 
 def _client(redis_url: str | None) -> Client:

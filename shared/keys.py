@@ -112,6 +112,14 @@ class Keys:
     def lifecycle_channel(self) -> str:
         return f"{self.namespace}:lifecycle"
 
+    def dashboard_history(self) -> str:
+        """A stream of dashboard snapshots (one field 's' = json), capped with MAXLEN."""
+        return f"{self.namespace}:dashboard:history"
+
+    def dashboard_sampler_lock(self) -> str:
+        """Held (SET NX PX) by the gateway taking the next dashboard snapshot."""
+        return f"{self.namespace}:dashboard:sampler"
+
 
 # Batches and webhooks (RQ). A batch's keys share one hash tag (the batch id), so a
 # MULTI over them also works on Redis Cluster.

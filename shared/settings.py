@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(10.0, gt=0)
     webhook_retry_s: tuple[int, ...] = (5, 30, 120, 600, 1800)
     webhook_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    # Admin dashboard: every action needs admin_token; viewing too, unless
+    # admin_read_only_view. History for its charts: one snapshot per interval.
+    admin_token: SecretStr | None = None
+    admin_read_only_view: bool = False
+    admin_sample_interval_s: float = Field(5.0, ge=0.2, le=60.0)
+    admin_history_s: int = Field(3600, ge=60, le=7 * 24 * 3600)
 
 
 @lru_cache(maxsize=1)

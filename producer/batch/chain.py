@@ -94,9 +94,15 @@ def is_alive(ctx: Context, job_id: str) -> bool:
 def _enqueue(ctx: Context, chain: Chain, pipe: redis.client.Pipeline) -> str:
     b, job_id = ctx.settings, f"{chain.prefix}-{secrets.token_hex(6)}"
     ctx.batch_queue().enqueue_call(
-        chain.func, args=list(chain.args), job_id=job_id, timeout=b.batch_job_timeout_s,
-        retry=Retry(max=TICK_RETRIES), result_ttl=60, failure_ttl=b.batch_ttl_s,
-        description=f"{chain.func.rsplit('.', 1)[-1]} {' '.join(chain.args)}", pipeline=pipe,
-    )  # fmt: skip
+        chain.func,
+        args=list(chain.args),
+        job_id=job_id,
+        timeout=b.batch_job_timeout_s,
+        retry=Retry(max=TICK_RETRIES),
+        result_ttl=60,
+        failure_ttl=b.batch_ttl_s,
+        description=f"{chain.func.rsplit('.', 1)[-1]} {' '.join(chain.args)}",
+        pipeline=pipe,
+    )
     pipe.hset(chain.key, DRIVER, job_id)
     return job_id

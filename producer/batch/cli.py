@@ -23,8 +23,9 @@ from producer.cli_options import RedisOpt, settings_for
 from producer.client import Client
 from shared.errors import TokenqError
 
-batch_app = typer.Typer(help="Batches of requests (OpenAI batch JSONL) and their webhooks.",
-                        no_args_is_help=True)  # fmt: skip
+batch_app = typer.Typer(
+    help="Batches of requests (OpenAI batch JSONL) and their webhooks.", no_args_is_help=True
+)
 webhooks_app = typer.Typer(help="Webhook deliveries: list them, send one again.")
 batch_app.add_typer(webhooks_app, name="webhooks")
 console = Console(stderr=True)
@@ -151,8 +152,13 @@ def _errors() -> Iterator[None]:
 
 
 def _follow(batches: Batches, batch_id: str) -> BatchStatus:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         s = batches.status(batch_id)
         task = progress.add_task(batch_id, total=s.counts.total, failed=0)

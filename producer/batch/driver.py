@@ -75,8 +75,11 @@ def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
 
 def _request(batch_id: str, priority: int, line: BatchLine) -> GenerationRequest:
     metadata = {**line.request.metadata, "batch_id": batch_id, "custom_id": line.custom_id}
-    update = {"priority": priority, "idempotency_key": f"{batch_id}:{line.custom_id}",
-              "metadata": metadata}  # fmt: skip
+    update = {
+        "priority": priority,
+        "idempotency_key": f"{batch_id}:{line.custom_id}",
+        "metadata": metadata,
+    }
     return line.request.model_copy(update=update)
 
 

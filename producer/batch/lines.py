@@ -21,8 +21,16 @@ from shared.settings import Settings
 
 Kind = Literal["chat", "completion"]
 URL_KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-SAMPLING = ("temperature", "top_p", "top_k", "min_tokens", "repetition_penalty", "seed",
-            "stop_token_ids", "ignore_eos")  # fmt: skip
+SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_tokens",
+    "repetition_penalty",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+)
 # OpenAI fields that are accepted only at the value that changes nothing.
 NEUTRAL = {
     "n": 1,
@@ -32,8 +40,18 @@ NEUTRAL = {
     "logprobs": False,
 }
 IGNORED = ("user", "store", "service_tier")
-KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stop", "metadata",
-         *SAMPLING, *NEUTRAL, *IGNORED}  # fmt: skip
+KNOWN = {
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "metadata",
+    *SAMPLING,
+    *NEUTRAL,
+    *IGNORED,
+}
 MAX_CUSTOM_ID_CHARS = 200
 # The driver adds batch_id and custom_id to each line's metadata.
 MAX_LINE_METADATA = MAX_METADATA_ITEMS - 2

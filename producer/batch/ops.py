@@ -49,8 +49,9 @@ class Batches:
         """Create a batch from JSONL (text, bytes, a path) or line dicts; returns its id.
         Raises BatchInputError listing bad lines; nothing is queued then."""
         ctx = self.ctx
-        lines = parse_jsonl(_jsonl(source), ctx.settings, model=model,
-                            max_lines=ctx.settings.max_batch_lines)  # fmt: skip
+        lines = parse_jsonl(
+            _jsonl(source), ctx.settings, model=model, max_lines=ctx.settings.max_batch_lines
+        )
         if webhook_url is not None:
             webhooks.check_url(webhook_url)
             webhooks.require_secret(ctx)

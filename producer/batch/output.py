@@ -18,8 +18,12 @@ def result_line(custom_id: str, kind: Kind, result: Result) -> tuple[bool, bytes
         message = result.error or f"request ended with finish_reason {result.finish_reason}"
         return False, error_line(custom_id, str(result.finish_reason), message, result.id)
     response = {"status_code": 200, "request_id": result.id, "body": _body(kind, result)}
-    line = {"id": f"batch_req_{result.id}", "custom_id": custom_id, "response": response,
-            "error": None}  # fmt: skip
+    line = {
+        "id": f"batch_req_{result.id}",
+        "custom_id": custom_id,
+        "response": response,
+        "error": None,
+    }
     return True, orjson.dumps(line)
 
 
@@ -39,9 +43,12 @@ def _body(kind: Kind, result: Result) -> dict[str, Any]:
         "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{result.id}",
         "object": "chat.completion" if kind == "chat" else "text_completion",
         "model": result.model,
-        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens":
-                  usage.completion_tokens, "total_tokens": usage.total_tokens},
-    }  # fmt: skip
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+        },
+    }
     choice: dict[str, Any] = {"index": 0, "finish_reason": str(result.finish_reason)}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": result.text}

@@ -37,9 +37,13 @@ def create(
     """Queue the commands that write a new batch on ``pipe``; returns its id."""
     batch_id, created = new_batch_id(), now_ms(ctx)
     meta: dict[str, str | int] = {
-        "state": BatchState.IN_PROGRESS.value, "priority": priority, "total": len(lines),
-        "cursor": 0, "created_ms": created, "webhook_url": webhook_url or "",
-    }  # fmt: skip
+        "state": BatchState.IN_PROGRESS.value,
+        "priority": priority,
+        "total": len(lines),
+        "cursor": 0,
+        "created_ms": created,
+        "webhook_url": webhook_url or "",
+    }
     pipe.hset(ctx.bkeys.meta(batch_id), mapping=meta)  # type: ignore[arg-type]
     for start in range(0, len(lines), CHUNK):
         pipe.rpush(ctx.bkeys.lines(batch_id), *(x.to_json() for x in lines[start : start + CHUNK]))
@@ -61,14 +65,20 @@ def status(ctx: Context, batch_id: str) -> BatchStatus:
         pipe.hlen(key)
     completed, failed, in_flight = pipe.execute()
     m = meta(ctx, batch_id)
-    counts = BatchCounts(total=int(m["total"]), completed=completed, failed=failed,
-                         in_flight=in_flight)  # fmt: skip
+    counts = BatchCounts(
+        total=int(m["total"]), completed=completed, failed=failed, in_flight=in_flight
+    )
     return BatchStatus(
-        id=batch_id, state=BatchState(m["state"]), priority=int(m["priority"]), counts=counts,
-        submitted=int(m["cursor"]), created_ms=int(m["created_ms"]),
+        id=batch_id,
+        state=BatchState(m["state"]),
+        priority=int(m["priority"]),
+        counts=counts,
+        submitted=int(m["cursor"]),
+        created_ms=int(m["created_ms"]),
         finished_ms=int(m["finished_ms"]) if m.get("finished_ms") else None,
-        webhook_url=m["webhook_url"] or None, error=m.get("error") or None,
-    )  # fmt: skip
+        webhook_url=m["webhook_url"] or None,
+        error=m.get("error") or None,
+    )
 
 
 def read_lines(ctx: Context, batch_id: str, start: int, num: int) -> list[BatchLine]:

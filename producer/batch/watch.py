@@ -102,8 +102,11 @@ def _ended(request_id: str, raw: list[Any]) -> dict[str, Any] | None:
         return {"state": "expired", "request_id": request_id, "result": None}
     if result is None:
         return None
-    return {"state": fields["state"], "request_id": request_id,
-            "result": orjson.loads(result.model_dump_json())}  # fmt: skip
+    return {
+        "state": fields["state"],
+        "request_id": request_id,
+        "result": orjson.loads(result.model_dump_json()),
+    }
 
 
 def _stop_if_idle(ctx: Context, job_id: str) -> bool:

@@ -86,8 +86,14 @@ def send(ctx: Context, delivery_id: str, url: str, event: str, data: dict[str, A
     """Create the delivery and queue its first attempt; False if it already exists."""
     key, created = ctx.bkeys.delivery(delivery_id), store.now_ms(ctx)
     body = orjson.dumps({"id": delivery_id, "type": event, "created_ms": created, "data": data})
-    record = {"url": check_url(url), "event": event, "body": body, "state": "pending",
-              "attempts": 0, "created_ms": created}  # fmt: skip
+    record = {
+        "url": check_url(url),
+        "event": event,
+        "body": body,
+        "state": "pending",
+        "attempts": 0,
+        "created_ms": created,
+    }
     with ctx.redis.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(key)  # type: ignore[no-untyped-call]
@@ -121,11 +127,16 @@ def get(ctx: Context, delivery_id: str) -> Delivery:
         raise NotFound(f"webhook delivery {delivery_id} does not exist (or has expired)")
     h = {text(k): text(v) for k, v in raw.items()}
     return Delivery(
-        id=delivery_id, url=h["url"], event=h["event"], state=DeliveryState(h["state"]),
-        attempts=int(h.get("attempts", 0)), last_status=_int(h.get("last_status")),
-        last_error=h.get("last_error") or None, created_ms=int(h["created_ms"]),
+        id=delivery_id,
+        url=h["url"],
+        event=h["event"],
+        state=DeliveryState(h["state"]),
+        attempts=int(h.get("attempts", 0)),
+        last_status=_int(h.get("last_status")),
+        last_error=h.get("last_error") or None,
+        created_ms=int(h["created_ms"]),
         delivered_ms=_int(h.get("delivered_ms")),
-    )  # fmt: skip
+    )
 
 
 def list_deliveries(ctx: Context, *, failed_only: bool = False, limit: int = 50) -> list[Delivery]:
@@ -164,9 +175,14 @@ def post(
 ) -> tuple[int | None, str | None]:
     """(HTTP status or None, error or None); redirects count as failures."""
     timestamp = int(time.time())
-    headers = {"Content-Type": "application/json", "User-Agent": "tokenq-webhooks",
-               SIGNATURE_HEADER: sign(secret, body, timestamp), TIMESTAMP_HEADER: str(timestamp),
-               DELIVERY_HEADER: delivery.id, EVENT_HEADER: delivery.event}  # fmt: skip
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "tokenq-webhooks",
+        SIGNATURE_HEADER: sign(secret, body, timestamp),
+        TIMESTAMP_HEADER: str(timestamp),
+        DELIVERY_HEADER: delivery.id,
+        EVENT_HEADER: delivery.event,
+    }
     request = urllib.request.Request(delivery.url, data=body, headers=headers, method="POST")
     try:
         with _opener().open(request, timeout=timeout_s) as response:
@@ -192,8 +208,15 @@ def _record(
     key, at_ms = ctx.bkeys.delivery(delivery_id), store.now_ms(ctx)
     pipe = ctx.redis.pipeline(transaction=True)
     pipe.hincrby(key, "attempts", 1)
-    pipe.hset(key, mapping={"last_status": status or "", "last_error": error,
-                            "state": state.value, "last_attempt_ms": at_ms})  # fmt: skip
+    pipe.hset(
+        key,
+        mapping={
+            "last_status": status or "",
+            "last_error": error,
+            "state": state.value,
+            "last_attempt_ms": at_ms,
+        },
+    )
     if state is DeliveryState.DELIVERED:
         pipe.hset(key, "delivered_ms", at_ms)
     if state is DeliveryState.FAILED:
@@ -206,9 +229,15 @@ def _enqueue(ctx: Context, delivery_id: str, pipe: redis.client.Pipeline) -> Non
     retry = Retry(max=len(intervals), interval=intervals) if intervals else None
     timeout_s = int(ctx.settings.webhook_timeout_s) + 30
     ctx.webhook_queue().enqueue_call(
-        DELIVER_FUNC, args=[delivery_id], retry=retry, timeout=timeout_s, result_ttl=600,
-        failure_ttl=ctx.settings.webhook_ttl_s, description=f"webhook {delivery_id}", pipeline=pipe,
-    )  # fmt: skip
+        DELIVER_FUNC,
+        args=[delivery_id],
+        retry=retry,
+        timeout=timeout_s,
+        result_ttl=600,
+        failure_ttl=ctx.settings.webhook_ttl_s,
+        description=f"webhook {delivery_id}",
+        pipeline=pipe,
+    )
 
 
 def _int(value: str | None) -> int | None:

@@ -45,5 +45,9 @@ def run_worker(ctx: Context, *, burst: bool = False, with_scheduler: bool = True
     """Work the batch and webhook queues; the scheduler runs retries that wait (backoff)."""
     worker = make_worker(ctx.redis, ctx.settings, ctx)
     # Round robin, so a stream of batch ticks never starves webhook deliveries (or back).
-    worker.work(burst=burst, with_scheduler=with_scheduler, logging_level="INFO",
-                dequeue_strategy=DequeueStrategy.ROUND_ROBIN)  # fmt: skip
+    worker.work(
+        burst=burst,
+        with_scheduler=with_scheduler,
+        logging_level="INFO",
+        dequeue_strategy=DequeueStrategy.ROUND_ROBIN,
+    )

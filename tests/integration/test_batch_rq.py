@@ -54,12 +54,16 @@ def test_a_200_line_batch_completes_with_outputs_by_custom_id(
         wait_for(lambda: ended(batches, batch_id), 60, "the batch to end")
     status = batches.status(batch_id)
     assert (status.state, status.counts.completed, status.counts.failed) == (
-        BatchState.COMPLETED, 200, 0)  # fmt: skip
+        BatchState.COMPLETED,
+        200,
+        0,
+    )
     outputs, errors = batches.results(batch_id)
     assert custom_ids(outputs) == [f"line-{i}" for i in range(200)]
     assert errors == []
-    contents = {orjson.loads(o)["response"]["body"]["choices"][0]["message"]["content"]
-                for o in outputs}  # fmt: skip
+    contents = {
+        orjson.loads(o)["response"]["body"]["choices"][0]["message"]["content"] for o in outputs
+    }
     assert contents == {"t0t1t2"}
 
 

@@ -76,7 +76,10 @@ def test_a_batch_webhook_is_retried_until_accepted_once(
     assert body["data"]["batch"]["counts"]["completed"] == 3
     delivery = webhooks.get(batches.ctx, batch_id)
     assert (delivery.state, delivery.attempts, delivery.last_status) == (
-        DeliveryState.DELIVERED, 3, 200)  # fmt: skip
+        DeliveryState.DELIVERED,
+        3,
+        200,
+    )
 
 
 def test_a_delivery_whose_retries_ran_out_is_listed_and_can_be_sent_again(
@@ -86,17 +89,24 @@ def test_a_delivery_whose_retries_ran_out_is_listed_and_can_be_sent_again(
     with receiver(answers=[503, 503, 503]) as hook, tokenq_worker(redis_server.url, MODEL):
         batch_id = batches.submit(jsonl(1), webhook_url=hook.url)
         hook.wait_for_calls(3, timeout_s=30)
-        failed = wait_for(lambda: webhooks.list_deliveries(batches.ctx, failed_only=True), 10,
-                          "the delivery to be listed as failed")  # fmt: skip
+        failed = wait_for(
+            lambda: webhooks.list_deliveries(batches.ctx, failed_only=True),
+            10,
+            "the delivery to be listed as failed",
+        )
         assert [(d.id, d.state, d.attempts) for d in failed] == [
-            (batch_id, DeliveryState.FAILED, 3)]  # fmt: skip
+            (batch_id, DeliveryState.FAILED, 3)
+        ]
         assert failed[0].last_error == "answered HTTP 503"
         webhooks.redeliver(batches.ctx, batch_id)
         hook.wait_for_calls(4, timeout_s=10)
     assert [c.answered for c in hook.calls] == [503, 503, 503, 200]
     assert webhooks.list_deliveries(batches.ctx, failed_only=True) == []
-    wait_for(lambda: webhooks.get(batches.ctx, batch_id).state is DeliveryState.DELIVERED, 10,
-             "the delivery to be marked delivered")  # fmt: skip
+    wait_for(
+        lambda: webhooks.get(batches.ctx, batch_id).state is DeliveryState.DELIVERED,
+        10,
+        "the delivery to be marked delivered",
+    )
 
 
 def test_a_request_with_a_webhook_reports_its_result(

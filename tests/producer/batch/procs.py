@@ -74,8 +74,7 @@ class SlowEngine(ScriptedEngine):
 def tokenq_worker(url: str, model: str, step_s: float = 0.0) -> Iterator[SlowEngine]:
     """A scripted tokenq worker serving ``model`` in a thread until the block ends."""
     engine = SlowEngine(max_num_seqs=8, step_s=step_s)
-    service = WorkerService(engine, redis.Redis.from_url(url), Settings(redis_url=url), model,
-                            "w1")  # fmt: skip
+    service = WorkerService(engine, redis.Redis.from_url(url), Settings(redis_url=url), model, "w1")
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
     try:
@@ -96,8 +95,13 @@ class RqWorkers:
     def start(self, *args: str) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"rq-{len(self.procs)}.log").open("wb")
         cmd = [sys.executable, "-m", "producer.batch.cli", "worker", "--redis", self.url, *args]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **RQ_ENV}, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **RQ_ENV},
+            start_new_session=True,
+        )
         self.procs.append(proc)
         self.logs.append(log)
         return proc

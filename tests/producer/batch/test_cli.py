@@ -48,8 +48,9 @@ def test_submit_run_and_read_the_results(url: str, tmp_path: Path) -> None:
     assert (code, status["state"], status["priority"]) == (0, "completed", 30)
     assert status["counts"] == {"total": 3, "completed": 3, "failed": 0, "in_flight": 0}
     out_file, err_file = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
-    code, out = invoke("results", batch_id, "--redis", url, "--output", str(out_file),
-                       "--errors", str(err_file))  # fmt: skip
+    code, out = invoke(
+        "results", batch_id, "--redis", url, "--output", str(out_file), "--errors", str(err_file)
+    )
     assert code == 0 and "3 output line(s), 0 error line(s)" in out
     ids = [orjson.loads(line)["custom_id"] for line in out_file.read_text().splitlines()]
     assert (ids, err_file.read_text()) == (["line-0", "line-1", "line-2"], "")

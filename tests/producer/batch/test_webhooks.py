@@ -22,7 +22,10 @@ def test_a_delivery_is_created_once_and_queued_for_rq(make_batches: Callable[...
     assert ctx.webhook_queue().count == 1
     delivery = webhooks.get(ctx, "d1")
     assert (delivery.state, delivery.attempts, delivery.event) == (
-        DeliveryState.PENDING, 0, "batch.completed")  # fmt: skip
+        DeliveryState.PENDING,
+        0,
+        "batch.completed",
+    )
 
 
 def test_failed_attempts_are_recorded_then_listed_and_sent_again(

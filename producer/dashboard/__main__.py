@@ -1,0 +1,3 @@
+from producer.dashboard.cli import main
+
+main()

@@ -1,0 +1,87 @@
+"""Operator actions over redis.asyncio, through the same scripts and keys as
+``producer.admin.Admin``: cancel, retry a dead request, purge dead-letter, pause and
+resume a queue, drain a worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+
+from producer.dashboard.errors import Conflict, NotFoundError
+from producer.dashboard.values import text
+from shared.errors import NotFound
+from shared.keys import Keys, tag_of
+from shared.scripts import AsyncScripts, cancel_call, retry_call
+from shared.settings import Settings
+
+PURGE_BATCH = 500
+# A drain order waits this long for its worker's next heartbeat, then lapses.
+DRAIN_ORDER_TTL_S = 3600
+
+
+@dataclass
+class AsyncAdmin:
+    redis: redis.asyncio.Redis
+    keys: Keys
+    settings: Settings
+    scripts: AsyncScripts
+
+    async def cancel(self, request_id: str) -> str:
+        """'cancelled' (was queued), 'requested' (running: stops within a step) or 'done'."""
+        reply = text(await self.scripts.run(cancel_call(self.keys, self.settings, request_id)))
+        if reply == "missing":
+            raise NotFound(f"request {request_id} does not exist (or has expired)")
+        return reply
+
+    async def retry(self, request_id: str) -> None:
+        if not await self.scripts.run(retry_call(self.keys, request_id)):
+            raise Conflict(
+                f"request {request_id} is not in the dead-letter set; only dead "
+                "requests can be retried",
+                "not_dead",
+            )
+
+    async def purge_dead(self, tags: list[str], max_requests: int) -> int:
+        """Delete dead-lettered requests with their streams, at most ``max_requests``."""
+        purged = 0
+        for tag in tags:
+            while purged < max_requests:
+                batch = await self._purge_batch(tag, min(PURGE_BATCH, max_requests - purged))
+                purged += batch
+                if batch == 0:
+                    break
+        return purged
+
+    async def _purge_batch(self, tag: str, count: int) -> int:
+        ids = [text(m) for m in await self.redis.zrange(self.keys.dead(tag), 0, count - 1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.delete(self.keys.request(rid), self.keys.stream(rid))
+            pipe.zrem(self.keys.dead(tag), rid)
+        await pipe.execute()
+        return len(ids)
+
+    async def set_paused(self, tag: str, paused: bool) -> None:
+        """Paused: workers stop claiming from the queue (what they hold runs on)."""
+        await self.model_of(tag)
+        key = self.keys.paused(tag)
+        await (self.redis.set(key, 1) if paused else self.redis.delete(key))
+
+    async def drain(self, worker_id: str) -> None:
+        """The worker finishes what it holds, stops claiming and exits."""
+        if not await self.redis.exists(self.keys.worker(worker_id)):
+            raise NotFoundError(f"worker {worker_id} is not live", "worker_not_found")
+        await self.redis.set(self.keys.worker_control(worker_id), "drain", ex=DRAIN_ORDER_TTL_S)
+
+    async def model_of(self, tag: str) -> str:
+        model: Any = await self.redis.hget(self.keys.models(), tag)
+        if model is None:
+            raise NotFoundError(f"no model has queue tag {tag!r}", "queue_not_found")
+        return text(model)
+
+
+def check_request_id(request_id: str) -> str:
+    tag_of(request_id)  # raises InvalidRequest with what a well-formed id looks like
+    return request_id

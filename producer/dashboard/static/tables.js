@@ -1,0 +1,55 @@
+// The queues, workers and requests tables, redrawn from each overview.
+import { ago, bar, el, fill, num, percent, seconds } from "./format.js";
+
+const short = (id) => (id && id.length > 18 ? `${id.slice(0, 8)}…${id.slice(-6)}` : id || "–");
+
+export function renderQueues(tbody, queues, { canAct, onPause }) {
+  const rows = [];
+  for (const q of queues) {
+    const bands = q.priorities.length ? q.priorities : [{ name: "–", depth: 0, oldest_age_s: null }];
+    bands.forEach((band, i) => rows.push(queueRow(q, band, i === 0, canAct, onPause)));
+  }
+  fill(tbody, rows, 10, "no models yet: start a worker");
+}
+
+function queueRow(q, band, first, canAct, onPause) {
+  const perModel = (value) => (first ? value : "");
+  const toggle = el("button", { class: "act", disabled: !canAct, textContent: q.paused ? "Resume" : "Pause",
+    onclick: () => onPause(q, !q.paused) });
+  return el("tr", { "data-model": q.model, "data-priority": band.name },
+    el("td", {}, perModel(q.model)), el("td", {}, band.name),
+    el("td", { class: "num" }, band.depth), el("td", { class: "num" }, seconds(band.oldest_age_s)),
+    el("td", { class: "num" }, perModel(q.running)), el("td", { class: "num" }, perModel(q.dead)),
+    el("td", { class: "num" }, perModel(num(q.rate_in_per_s, 2))),
+    el("td", { class: "num" }, perModel(num(q.rate_out_per_s, 2))),
+    el("td", {}, first ? el("span", { class: `pill ${q.paused ? "readonly" : "ok"}` }, q.paused ? "paused" : "active") : ""),
+    el("td", {}, first ? toggle : ""));
+}
+
+export function renderWorkers(tbody, workers, nowMs, { canAct, onDrain }) {
+  const rows = workers.map((w) => {
+    const drain = el("button", { class: "act", disabled: !canAct || !w.alive || w.state !== "serving",
+      textContent: "Drain", onclick: () => onDrain(w) });
+    const batch = w.max_num_seqs ? bar(w.occupancy, `${w.running}/${w.max_num_seqs}`) : "–";
+    const kv = w.kv_cache_usage == null ? "–" : bar(w.kv_cache_usage, percent(w.kv_cache_usage));
+    return el("tr", { class: w.alive ? "" : "dead", "data-worker": w.id },
+      el("td", { class: "mono", title: w.id }, short(w.id)), el("td", {}, w.model || "–"),
+      el("td", {}, w.device || "–"),
+      el("td", {}, el("span", { class: `pill ${w.alive ? w.state : "dead"}` }, w.alive ? w.state : "dead")),
+      el("td", {}, batch), el("td", {}, kv), el("td", { class: "num" }, num(w.tokens_per_s)),
+      el("td", { class: "num" }, w.alive ? w.running : "–"), el("td", {}, w.version || "–"),
+      el("td", {}, ago(w.last_heartbeat_ms, nowMs)), el("td", {}, drain));
+  });
+  fill(tbody, rows, 11, "no live or recently dead workers");
+}
+
+export function renderRequests(tbody, rows, nowMs, onOpen) {
+  const trs = rows.map((r) => el("tr", { class: "clickable", "data-id": r.id, onclick: () => onOpen(r.id) },
+    el("td", { class: "mono", title: r.id }, r.id), el("td", {}, r.model),
+    el("td", {}, el("span", { class: `pill ${r.state}` }, r.cancel_requested && r.state === "running" ? "cancelling" : r.state)),
+    el("td", {}, r.priority_name), el("td", { class: "num" }, r.attempts),
+    el("td", { class: "num" }, r.num_generated), el("td", { class: "mono", title: r.worker || "" }, short(r.worker)),
+    el("td", {}, ago(r.created_ms, nowMs)), el("td", { class: "num" }, seconds(r.ttft_s)),
+    el("td", {}, r.dead_reason || r.finish_reason || "")));
+  fill(tbody, trs, 10, "none");
+}
