@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import redis.asyncio
 
+from producer.client import _block_ms, _deadline
 from producer.requests import build_request, validate_request
-from shared.errors import NotFound, RequestTimeout
+from shared.errors import NotFound
 from shared.keys import Keys, new_request_id, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
 from shared.records import (
@@ -104,10 +104,14 @@ class AsyncHandle:
             raise NotFound(f"request {self.id} does not exist (or has expired)")
         return reply.decode() if isinstance(reply, bytes) else str(reply)
 
-    async def stream(self, after: str = "0-0") -> AsyncIterator[StreamEvent]:
-        cursor = after
+    async def stream(
+        self, after: str = "0-0", timeout: float | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """Token events as they arrive, then the final event; resume with ``after``.
+        RequestTimeout if the final event has not come within ``timeout`` seconds."""
+        cursor, give_up = after, _deadline(timeout)
         while True:
-            entries = await self._read(cursor)
+            entries = await self._read(cursor, _block_ms(give_up, timeout, self.id))
             for entry_id, fields in entries:
                 event = stream_event(entry_id, fields)
                 cursor = event.id
@@ -123,15 +127,11 @@ class AsyncHandle:
         return reply[0][1] if reply else []
 
     async def result(self, timeout: float | None = None) -> Result:
-        give_up = None if timeout is None else time.monotonic() + timeout
-        cursor = "0-0"
+        give_up, cursor = _deadline(timeout), "0-0"
         while True:
             raw = await self.client.redis.hmget(self.client.keys.request(self.id), RESULT_FIELDS)
             result = result_from_hash(self.id, decode_hash(raw, RESULT_FIELDS))
             if result is not None:
                 return result
-            left_ms = BLOCK_MS if give_up is None else int((give_up - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                raise RequestTimeout(f"request {self.id} did not finish within {timeout}s")
-            entries = await self._read(cursor, max(1, min(left_ms, BLOCK_MS)))
+            entries = await self._read(cursor, _block_ms(give_up, timeout, self.id))
             cursor = entries[-1][0] if entries else cursor

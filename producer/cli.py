@@ -23,6 +23,7 @@ from producer.cli_options import RedisOpt, settings_for
 from producer.client import Client, Handle
 from producer.dashboard.cli import dashboard
 from producer.embedded import EmbeddedRedis, up_state_file
+from producer.gateway.cli import gateway
 from shared.errors import TokenqError
 from shared.models import FinalEvent, TokenEvent
 from shared.registry import mark_served
@@ -114,6 +115,7 @@ dead_app = typer.Typer(help="The dead-letter set: requests that could not be run
 app.add_typer(dead_app, name="dead")
 app.add_typer(batch_app, name="batch")
 app.command()(dashboard)
+app.command()(gateway)
 
 
 def _client(redis_url: str | None) -> Client:

@@ -111,11 +111,12 @@ class Handle:
             raise NotFound(f"request {self.id} does not exist (or has expired)")
         return reply.decode() if isinstance(reply, bytes) else str(reply)
 
-    def stream(self, after: str = "0-0") -> Iterator[StreamEvent]:
-        """Token events as they arrive, then the final event; resume with ``after``."""
-        cursor = after
+    def stream(self, after: str = "0-0", timeout: float | None = None) -> Iterator[StreamEvent]:
+        """Token events as they arrive, then the final event; resume with ``after``.
+        RequestTimeout if the final event has not come within ``timeout`` seconds."""
+        cursor, give_up = after, _deadline(timeout)
         while True:
-            entries = self._read(cursor)
+            entries = self._read(cursor, _block_ms(give_up, timeout, self.id))
             for entry_id, fields in entries:
                 event = stream_event(entry_id, fields)
                 cursor = event.id
@@ -132,15 +133,25 @@ class Handle:
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the request to end and return its result."""
-        give_up = None if timeout is None else time.monotonic() + timeout
-        cursor = "0-0"
+        give_up, cursor = _deadline(timeout), "0-0"
         while True:
             raw = self.client.redis.hmget(self.client.keys.request(self.id), RESULT_FIELDS)
             result = result_from_hash(self.id, decode_hash(raw, RESULT_FIELDS))
             if result is not None:
                 return result
-            left_ms = BLOCK_MS if give_up is None else int((give_up - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                raise RequestTimeout(f"request {self.id} did not finish within {timeout}s")
-            entries = self._read(cursor, max(1, min(left_ms, BLOCK_MS)))
+            entries = self._read(cursor, _block_ms(give_up, timeout, self.id))
             cursor = entries[-1][0] if entries else cursor
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _block_ms(give_up: float | None, timeout: float | None, request_id: str) -> int:
+    """How long the next blocking read may wait; RequestTimeout once time is up."""
+    if give_up is None:
+        return BLOCK_MS
+    left_ms = int((give_up - time.monotonic()) * 1000)
+    if left_ms <= 0:
+        raise RequestTimeout(f"request {request_id} did not finish within {timeout}s")
+    return max(1, min(left_ms, BLOCK_MS))

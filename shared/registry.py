@@ -9,6 +9,9 @@ import redis
 from shared.keys import Keys, model_tag
 from shared.settings import Settings
 
+# Enough for any real fleet; bounds the work of whoever sweeps or lists all models.
+KNOWN_MODELS_LIMIT = 1000
+
 
 def mark_served(pipe: Any, keys: Keys, settings: Settings, model: str) -> None:
     """Queue the commands that say ``model`` has a worker (enqueue.lua reads this)."""

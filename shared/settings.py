@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(10.0, gt=0)
     webhook_retry_s: tuple[int, ...] = (5, 30, 120, 600, 1800)
     webhook_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    # Gateway API keys: JSON {"sk-a": {"tenant": "acme", "max_priority": "high"}} or
+    # compact "sk-a=acme:high,sk-b=beta"; empty leaves the gateway open (it says so).
+    api_keys: SecretStr = SecretStr("")
     # Admin dashboard: every action needs admin_token; viewing too, unless
     # admin_read_only_view. History for its charts: one snapshot per interval.
     admin_token: SecretStr | None = None

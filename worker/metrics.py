@@ -39,7 +39,7 @@ class WorkerMetrics:
             names.GENERATION_TOKENS, "Tokens generated", by_model, registry=r
         )
         self.success = Counter(
-            names.REQUEST_SUCCESS, "Finished requests", ["model", "finish_reason"], registry=r
+            names.REQUEST_SUCCESS, "Finished requests", ["model", "finished_reason"], registry=r
         )
         self.ttft = Histogram(
             names.TIME_TO_FIRST_TOKEN,

@@ -1,6 +1,6 @@
-"""The HTTP gateway: OpenAI-compatible and native routes over a tokenq queue."""
+"""The HTTP gateway: OpenAI-compatible and native routes over a tokenq queue.
 
-from producer.gateway.app import create_app
-from producer.gateway.config import ApiKey, ApiKeys, GatewayConfig, load_api_keys, parse_api_keys
-
-__all__ = ["ApiKey", "ApiKeys", "GatewayConfig", "create_app", "load_api_keys", "parse_api_keys"]
+Kept free of imports so that ``tokenq`` commands other than ``gateway`` do not load the
+web stack: the app is ``producer.gateway.app.create_app``, the command
+``producer.gateway.cli.gateway``.
+"""

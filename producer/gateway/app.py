@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,12 +13,14 @@ from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from producer.gateway import health, native, openai_routes
+from producer.dashboard.routes import create_dashboard_router
+from producer.gateway import batches, health, native, openai_routes
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewayConfig, load_api_keys
 from producer.gateway.errors import install_error_handlers
 from producer.gateway.hub import StreamHub
 from producer.gateway.metrics import GatewayMetrics
+from producer.gateway.reaper import reap_forever
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("producer.gateway")
@@ -29,23 +32,27 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     """The gateway for ``settings`` (default: the environment); API keys from ``config``,
     else from ``TOKENQ_API_KEYS``."""
     settings = settings or get_settings()
-    config = config or GatewayConfig(api_keys=load_api_keys())
+    config = config or GatewayConfig(api_keys=load_api_keys(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = await _start(settings, config)
         app.state.backend = backend
+        reaper = asyncio.create_task(reap_forever(backend.redis, settings))
         try:
             yield
         finally:
+            reaper.cancel()
             await backend.hub.stop()
             await backend.redis.aclose()
 
     app = FastAPI(title="tokenq gateway", version=VERSION, lifespan=lifespan, description=ABOUT)
     app.state.api_keys = config.api_keys
     install_error_handlers(app)
-    for module in (openai_routes, native, health):
+    for module in (openai_routes, native, batches, health):
         app.include_router(module.router)
+    dashboard = create_dashboard_router(settings, lambda: app.state.backend.redis)
+    app.include_router(dashboard, prefix="/admin", include_in_schema=False)
     _declare_400_not_422(app)
     return app
 
@@ -85,7 +92,7 @@ async def _start(settings: Settings, config: GatewayConfig) -> Backend:
     reader = redis.asyncio.Redis.from_url(
         settings.redis_url, single_connection_client=True, retry=Retry(NoBackoff(), 0)
     )
-    hub = StreamHub(reader, connection)
+    hub = StreamHub(reader, connection, idle_s=config.idle_check_s)
     hub.start()
     _log_access(config)
     return Backend(settings, config, connection, hub, GatewayMetrics())
@@ -93,8 +100,10 @@ async def _start(settings: Settings, config: GatewayConfig) -> Backend:
 
 def _log_access(config: GatewayConfig) -> None:
     if config.api_keys.open:
-        log.warning("no API keys configured (TOKENQ_API_KEYS): the gateway is open to anyone "
-                    "who can reach it, at any priority")  # fmt: skip
+        log.warning(
+            "no API keys configured (TOKENQ_API_KEYS): the gateway is open to anyone "
+            "who can reach it, at any priority"
+        )
     else:
         tenants = sorted({k.tenant for k in config.api_keys.by_digest.values()})
         log.info("%d API keys for tenants %s", len(config.api_keys.by_digest), ", ".join(tenants))

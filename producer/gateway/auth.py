@@ -57,12 +57,22 @@ def priority_for(principal: Principal, asked: int | str | None, param: str = "pr
         ) from e
     if value > principal.max_priority:
         limit = priority_name(principal.max_priority)
-        raise ApiError(403, f"{param} {priority_name(value)} is above this API key's maximum "
-                       f"({limit}); ask for {limit} or less", type="permission_error",
-                       param=param, code="priority_not_allowed")  # fmt: skip
+        raise ApiError(
+            403,
+            f"{param} {priority_name(value)} is above this API key's maximum "
+            f"({limit}); ask for {limit} or less",
+            type="permission_error",
+            param=param,
+            code="priority_not_allowed",
+        )
     return value
 
 
 def _unauthorized(message: str) -> ApiError:
-    return ApiError(401, message, type="authentication_error", code="invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+    return ApiError(
+        401,
+        message,
+        type="authentication_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )

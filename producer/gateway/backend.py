@@ -10,6 +10,7 @@ import redis.asyncio
 from fastapi import Depends, Request
 
 from producer.gateway.config import GatewayConfig
+from producer.gateway.entries import Entry
 from producer.gateway.errors import ApiError
 from producer.gateway.hub import StreamHub
 from producer.gateway.metrics import GatewayMetrics
@@ -17,7 +18,7 @@ from producer.gateway.registry import ModelRegistry
 from producer.requests import validate_request
 from shared.errors import NotFound
 from shared.keys import Keys, new_request_id, tag_of
-from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
+from shared.models import GenerationRequest, RequestStatus, Result
 from shared.records import STATUS_FIELDS, decode_hash, result_from_hash, status_from_hash
 from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
 from shared.settings import Settings
@@ -34,9 +35,13 @@ class Submitted:
 
 class Backend:
     def __init__(
-        self, settings: Settings, config: GatewayConfig, connection: redis.asyncio.Redis,
-        hub: StreamHub, metrics: GatewayMetrics,
-    ) -> None:  # fmt: skip
+        self,
+        settings: Settings,
+        config: GatewayConfig,
+        connection: redis.asyncio.Redis,
+        hub: StreamHub,
+        metrics: GatewayMetrics,
+    ) -> None:
         self.settings = settings
         self.config = config
         self.redis = connection
@@ -47,10 +52,9 @@ class Backend:
         self._scripts = AsyncScripts(connection)
 
     async def submit(self, request: GenerationRequest, api: str) -> Submitted:
-        """Enqueue ``request`` for a model some live worker serves (else 404)."""
+        """Enqueue ``request``; UnknownModel (404) for a model no worker has served lately
+        (the enqueue script decides, per TOKENQ_REQUIRE_KNOWN_MODEL)."""
         request = validate_request(self.settings, request)
-        if not await self.registry.serves(request.model):
-            raise model_not_found(request.model)
         call = enqueue_call(self.keys, self.settings, new_request_id(request.model), request)
         enqueued = parse_enqueue(await self._scripts.run(call), request.model, self.settings)
         if not enqueued.duplicate:
@@ -78,24 +82,18 @@ class Backend:
             raise NotFound(f"request {request_id} does not exist (or has expired)")
         return outcome
 
-    async def events(
-        self, request_id: str, after: str = "0-0"
-    ) -> AsyncIterator[StreamEvent | None]:
-        """The request's stream after ``after``, through its final event. ``None`` marks a
-        quiet spell (to send a keep-alive); NotFound if the request vanishes meanwhile."""
-        key = self.keys.stream(request_id)
-        async for item in self.hub.subscribe(key, after, self.config.idle_check_s):
-            if item is None:
+    async def events(self, request_id: str, after: str = "0-0") -> AsyncIterator[list[Entry]]:
+        """The request's stream after ``after`` in batches, through its final event. An
+        empty batch marks a quiet spell (send a keep-alive); NotFound if the request
+        vanishes meanwhile."""
+        async for batch in self.hub.subscribe(self.keys.stream(request_id), after):
+            if not batch:
                 await self._check_exists(request_id)
-            yield item
-            if item is not None and isinstance(item.event, FinalEvent):
-                return
-
-    async def final(self, request_id: str) -> FinalEvent:
-        async for item in self.events(request_id):
-            if item is not None and isinstance(item.event, FinalEvent):
-                return item.event
-        raise NotFound(f"request {request_id} ended without a final event")
+            for n, entry in enumerate(batch):
+                if entry.is_final:
+                    yield batch[: n + 1]
+                    return
+            yield batch
 
     async def _check_exists(self, request_id: str) -> None:
         if not await self.redis.exists(self.keys.request(request_id)):
@@ -103,9 +101,14 @@ class Backend:
 
 
 def model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"model {model!r} is not served by any live worker; "
-                    "GET /v1/models lists the models served now", type="not_found_error",
-                    param="model", code="model_not_found")  # fmt: skip
+    return ApiError(
+        404,
+        f"model {model!r} is not served by any live worker; "
+        "GET /v1/models lists the models served now",
+        type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def get_backend(request: Request) -> Backend:

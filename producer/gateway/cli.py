@@ -1,16 +1,18 @@
-"""``tokenq gateway``: serve the HTTP gateway under uvicorn."""
+"""``tokenq gateway``: serve the HTTP gateway under uvicorn.
+
+The web stack is imported when the command runs, not when the CLI loads.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from functools import partial
 from typing import Annotated
 
 import typer
-import uvicorn
 
-from producer.cli import settings_for
-from producer.gateway.app import create_app
-from producer.gateway.config import GatewayConfig, load_api_keys
+APP_FACTORY = "producer.gateway.app:create_app"
 
 
 def gateway(
@@ -24,12 +26,33 @@ def gateway(
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
     access_log: Annotated[bool, typer.Option(help="log every HTTP request")] = False,
+    workers: Annotated[int, typer.Option(min=1, help="gateway processes on this port")] = 1,
 ) -> None:
     """Serve the OpenAI-compatible and native HTTP API (API keys from TOKENQ_API_KEYS)."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    app = create_app(settings_for(redis_url), GatewayConfig(api_keys=load_api_keys()))
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log)
+    import uvicorn
+
+    from producer.cli_options import settings_for
+    from producer.gateway.app import create_app
+    from producer.gateway.config import GatewayConfig, load_api_keys
+    from shared.errors import InvalidRequest
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = settings_for(redis_url)
+    try:
+        config = GatewayConfig(api_keys=load_api_keys(settings))
+    except InvalidRequest as e:
+        raise typer.BadParameter(str(e), param_hint="TOKENQ_API_KEYS") from e
+    serve = partial(
+        uvicorn.run, host=host, port=port, log_level=log_level.lower(), access_log=access_log
+    )
+    if workers == 1:
+        serve(create_app(settings, config))
+        return
+    # Each worker process builds its own app from the environment, so pass the URL on.
+    os.environ["TOKENQ_REDIS_URL"] = settings.redis_url
+    serve(APP_FACTORY, factory=True, workers=workers)
 
 
 def main() -> None:

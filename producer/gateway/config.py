@@ -15,7 +15,6 @@ or compactly as ``key=tenant[:max_priority]`` items separated by commas::
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ import orjson
 
 from shared.errors import InvalidRequest
 from shared.priority import Priority, parse_priority
+from shared.settings import Settings
 
 API_KEYS_ENV = "TOKENQ_API_KEYS"
 
@@ -56,9 +56,8 @@ class GatewayConfig:
     api_keys: ApiKeys = field(default_factory=ApiKeys)
     # Live models are read from the worker registry at most this often.
     models_cache_s: float = 1.0
-    # The longest a stream stays silent before an SSE comment keeps proxies from closing it.
-    keepalive_s: float = 15.0
-    # How long a subscriber waits for an event before checking its request still exists.
+    # After this long without events a stream sends an SSE comment (so proxies keep it
+    # open) and checks that its request still exists.
     idle_check_s: float = 2.0
     max_redis_connections: int = 200
 
@@ -67,9 +66,9 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def load_api_keys(environ: dict[str, str] | None = None) -> ApiKeys:
-    """The keys in ``TOKENQ_API_KEYS`` (read here only; see the module docstring)."""
-    text = (environ if environ is not None else os.environ).get(API_KEYS_ENV, "").strip()
+def load_api_keys(settings: Settings | None = None) -> ApiKeys:
+    """The keys in ``TOKENQ_API_KEYS`` (see the module docstring)."""
+    text = (settings or Settings()).api_keys.get_secret_value().strip()
     return parse_api_keys(text)
 
 

@@ -17,7 +17,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.errors import InvalidRequest, NotFound, QueueFull, RequestTimeout, TokenqError
+from shared.errors import (
+    InvalidRequest,
+    NotFound,
+    QueueFull,
+    RequestTimeout,
+    TokenqError,
+    UnknownModel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +44,15 @@ class ApiError(Exception):
     """An error the gateway answers on purpose, with its status and OpenAI-style body."""
 
     def __init__(
-        self, status: int, message: str, *, type: str = "invalid_request_error",
-        param: str | None = None, code: str | None = None, headers: Mapping[str, str] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
@@ -57,7 +70,7 @@ _DESCRIPTIONS = {
     400: "the request was invalid (the body says which field and why)",
     401: "missing or unknown API key",
     403: "the API key may not use the priority asked for",
-    404: "no such model (no live worker serves it) or no such request",
+    404: "no such request, or a model no worker has served lately",
     409: "the request has ended and cannot be changed",
     429: "the model's queue is full; retry after Retry-After seconds",
     503: "Redis is unreachable",
@@ -74,43 +87,47 @@ def from_validation_errors(errors: Sequence[Any], strip: tuple[str, ...] = ()) -
     lines, params = [], []
     for item in errors:
         loc = [str(p) for p in item["loc"] if str(p) not in strip]
-        path = ".".join(loc) or "body"
         message = item["msg"]
-        if item["type"] in ("extra_forbidden", "extra_forbidden_field"):
-            message = f"unknown field {loc[-1]!r}" if loc else "unknown field"
-        lines.append(f"{path}: {message}")
-        params.append(path)
+        if item["type"] == "extra_forbidden" and loc:
+            message = f"unknown field {loc[-1]!r}"
+        lines.append(f"{'.'.join(loc) or 'request'}: {message}")
+        params.append(".".join(loc) or None)
     return invalid("invalid request: " + "; ".join(lines), params[0] if params else None)
 
 
-def _json(
-    status: int, detail: ErrorDetail, headers: Mapping[str, str] | None = None
-) -> JSONResponse:
-    body = ErrorResponse(error=detail).model_dump(mode="json")
-    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+def _answer(request: Request, err: ApiError) -> JSONResponse:
+    """The error response; also counted in tokenq:gateway_rejected_total."""
+    backend = getattr(request.app.state, "backend", None)
+    if backend is not None:
+        backend.metrics.rejected.labels(str(err.status), err.detail.type).inc()
+    body = ErrorResponse(error=err.detail).model_dump(mode="json")
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
-    err = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), type="server_error")
-    return _json(err.status, err.detail, err.headers)
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    return _answer(request, exc if isinstance(exc, ApiError) else map_tokenq_error(exc))
 
 
-async def _request_validation(_: Request, exc: Exception) -> JSONResponse:
+async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors() if isinstance(exc, RequestValidationError | ValidationError) else []
-    err = from_validation_errors(errors, strip=("body",))
-    return _json(err.status, err.detail)
+    return _answer(request, from_validation_errors(errors, strip=("body",)))
 
 
-async def _tokenq_error(_: Request, exc: Exception) -> JSONResponse:
-    return await _api_error(_, map_tokenq_error(exc))
+async def _tokenq_error(request: Request, exc: Exception) -> JSONResponse:
+    return _answer(request, map_tokenq_error(exc))
 
 
 def map_tokenq_error(exc: Exception) -> ApiError:
     """The HTTP answer for an error raised by the client library or Redis."""
     if isinstance(exc, QueueFull):
         retry = str(max(1, round(exc.retry_after_s)))
-        return ApiError(429, str(exc), type="queue_full", code="queue_full",
-                        headers={"Retry-After": retry})  # fmt: skip
+        return ApiError(
+            429, str(exc), type="queue_full", code="queue_full", headers={"Retry-After": retry}
+        )
+    if isinstance(exc, UnknownModel):
+        return ApiError(
+            404, str(exc), type="not_found_error", param="model", code="model_not_found"
+        )
     if isinstance(exc, NotFound):
         return ApiError(404, str(exc), type="not_found_error", code="request_not_found")
     if isinstance(exc, InvalidRequest):
@@ -119,23 +136,24 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         return ApiError(504, str(exc), type="timeout", code="timeout")
     if isinstance(exc, redis.RedisError):
         log.warning("redis error: %s", exc)
-        return ApiError(503, f"Redis is unavailable ({type(exc).__name__}); retry shortly",
-                        type="service_unavailable", code="redis_unavailable")  # fmt: skip
+        return ApiError(
+            503,
+            f"Redis is unavailable ({type(exc).__name__}); retry shortly",
+            type="service_unavailable",
+            code="redis_unavailable",
+        )
     log.exception("unexpected error", exc_info=exc)
     return ApiError(500, "internal error; the gateway log has the details", type="server_error")
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
     detail = exc.detail if isinstance(exc, StarletteHTTPException) else str(exc)
-    headers = getattr(exc, "headers", None)
     kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return _json(status, ErrorDetail(message=str(detail), type=kind, code=str(status)), headers)
-
-
-async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-    err = map_tokenq_error(exc)
-    return _json(err.status, err.detail, err.headers)
+    headers = getattr(exc, "headers", None)
+    return _answer(
+        request, ApiError(status, str(detail), type=kind, code=str(status), headers=headers)
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -143,6 +161,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _request_validation)
     app.add_exception_handler(ValidationError, _request_validation)
     app.add_exception_handler(TokenqError, _tokenq_error)
-    app.add_exception_handler(redis.RedisError, _unexpected)
+    app.add_exception_handler(redis.RedisError, _tokenq_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(Exception, _tokenq_error)

@@ -32,14 +32,23 @@ async def readyz(backend: BackendDep) -> Health:
     try:
         await backend.redis.ping()
     except redis.RedisError as e:
-        raise ApiError(503, f"Redis is unreachable: {e}", type="service_unavailable",
-                       code="redis_unavailable") from e  # fmt: skip
+        raise ApiError(
+            503, f"Redis is unreachable: {e}", type="service_unavailable", code="redis_unavailable"
+        ) from e
     return Health(status="ready")
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
-                             "description": "Prometheus text format"}})  # fmt: skip
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+            "description": "Prometheus text format",
+        }
+    },
+)
 async def metrics(backend: BackendDep) -> Response:
+    await backend.metrics.observe_queues(backend.redis, backend.keys)
     body = generate_latest(backend.metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -11,48 +11,75 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio
-from pydantic import ValidationError
 
-from shared.models import StreamEvent
-from shared.records import stream_event
+from producer.gateway.entries import Entry, parse_entry
 
 log = logging.getLogger(__name__)
 Cursor = tuple[int, int]
+MAX_ID_PART = 2**64 - 1
+IDLE_TICKS = 4
 UNBLOCK_TRIES = 20
 UNBLOCK_RETRY_S = 0.002
 
 
 def parse_cursor(stream_id: str) -> Cursor:
-    """``"<ms>-<seq>"`` as a comparable pair; raises ValueError for anything else."""
+    """``"<ms>-<seq>"`` as a comparable pair; raises ValueError for anything else (an id
+    Redis would refuse must never reach the shared XREAD, where it would fail every stream)."""
     ms, sep, seq = stream_id.partition("-")
-    if not sep or not ms.isdigit() or not seq.isdigit():
+    if not sep or not ms.isascii() or not ms.isdigit() or not seq.isascii() or not seq.isdigit():
         raise ValueError(f"not a stream id: {stream_id!r}")
-    return int(ms), int(seq)
+    cursor = int(ms), int(seq)
+    if max(cursor) > MAX_ID_PART:
+        raise ValueError(f"stream id {stream_id!r} is out of range")
+    return cursor
 
 
 @dataclass(eq=False)
 class Subscription:
     key: str
     cursor: Cursor
-    queue: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
+    pending: list[Entry] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    quiet_ticks: int = 0
 
-    def offer(self, event: StreamEvent, event_cursor: Cursor) -> None:
-        if event_cursor > self.cursor:
-            self.cursor = event_cursor
-            self.queue.put_nowait(event)
+    def offer(self, entry: Entry, entry_cursor: Cursor) -> None:
+        if entry_cursor > self.cursor:
+            self.cursor = entry_cursor
+            self.pending.append(entry)
+            self.quiet_ticks = 0
+            self.ready.set()
+
+    def tick(self, ticks_to_idle: int) -> None:
+        self.quiet_ticks += 1
+        if self.quiet_ticks >= ticks_to_idle:
+            self.quiet_ticks = 0
+            self.ready.set()  # wakes the subscriber with nothing: a quiet spell
+
+    def take(self) -> list[Entry]:
+        self.ready.clear()
+        batch, self.pending = self.pending, []
+        return batch
 
 
 class StreamHub:
-    """Fans the entries of many Redis Streams out to per-subscriber queues."""
+    """Fans the entries of many Redis Streams out to their subscribers, in batches."""
 
-    def __init__(self, reader: redis.asyncio.Redis, control: redis.asyncio.Redis,
-                 block_ms: int = 1_000, count: int = 512) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reader: redis.asyncio.Redis,
+        control: redis.asyncio.Redis,
+        block_ms: int = 1_000,
+        count: int = 512,
+        idle_s: float = 2.0,
+    ) -> None:
         self._reader = reader  # single-connection client, blocked in XREAD
+        # Raw replies: redis-py's dict per entry costs as much as the rest of the hub.
+        reader.set_response_callback("XREAD", _raw_reply)
         self._control = control  # any other connection, for CLIENT UNBLOCK
         self._subs: dict[str, set[Subscription]] = {}
         self._changed = asyncio.Event()
@@ -61,35 +88,43 @@ class StreamHub:
         self._unblocking = False
         self._block_ms = block_ms
         self._count = count
-        self._task: asyncio.Task[None] | None = None
+        self._idle_s = idle_s
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def num_subscriptions(self) -> int:
         return sum(len(s) for s in self._subs.values())
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="tokenq-stream-hub")
+        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._tick())]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._reader.aclose()
 
-    async def subscribe(self, key: str, after: str = "0-0", idle_s: float = 2.0,
-                        ) -> AsyncIterator[StreamEvent | None]:  # fmt: skip
-        """Events of stream ``key`` after ``after``; ``None`` after each ``idle_s`` of silence."""
+    async def subscribe(self, key: str, after: str = "0-0") -> AsyncGenerator[list[Entry]]:
+        """Entries of stream ``key`` after ``after``, in batches of what has arrived; an
+        empty batch after ``idle_s`` or so of silence. One timer serves every subscriber,
+        since a timer per wait costs more than the rest of a token's trip."""
         sub = Subscription(key, parse_cursor(after))
         self._subs.setdefault(key, set()).add(sub)
         await self._wake()
         try:
             while True:
-                try:
-                    yield await asyncio.wait_for(sub.queue.get(), idle_s)
-                except TimeoutError:
-                    yield None
+                await sub.ready.wait()
+                yield sub.take()
         finally:
             self._unsubscribe(sub)
+
+    async def _tick(self) -> None:
+        interval_s = self._idle_s / IDLE_TICKS
+        while True:
+            await asyncio.sleep(interval_s)
+            for subs in self._subs.values():
+                for sub in subs:
+                    sub.tick(IDLE_TICKS)
 
     def _unsubscribe(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.key)
@@ -156,13 +191,18 @@ class StreamHub:
             if not subs:
                 continue
             try:
-                event = stream_event(entry_id, fields)
-            except (ValidationError, ValueError) as e:
+                entry = parse_entry(entry_id, fields)
+            except ValueError as e:
                 log.warning("skipping unreadable entry %s of %s: %s", entry_id, key, e)
                 continue
-            cursor = parse_cursor(event.id)
+            ms, _, seq = entry.id.partition("-")  # Redis's own ids need no checking
+            cursor = int(ms), int(seq)
             for sub in subs:
-                sub.offer(event, cursor)
+                sub.offer(entry, cursor)
+
+
+def _raw_reply(response: Any, **_: Any) -> Any:
+    return response
 
 
 def _min_cursor(subs: set[Subscription]) -> str:

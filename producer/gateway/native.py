@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
-import orjson
 import redis
 from fastapi import APIRouter, Header, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,8 +16,10 @@ from producer.gateway.errors import (
     ErrorResponse,
     error_responses,
     from_validation_errors,
+    invalid,
     map_tokenq_error,
 )
+from producer.gateway.hub import parse_cursor
 from producer.gateway.openai_requests import deadline_ms
 from producer.gateway.openai_schemas import PRIORITY_DOC
 from producer.gateway.sse import KEEPALIVE, SSEResponse, frame
@@ -36,7 +37,17 @@ from shared.models import (
 from shared.settings import Settings
 
 router = APIRouter(prefix="/v1/requests", tags=["native"])
-STREAM_ID = r"^\d{1,20}-\d{1,20}$"
+STREAM_ID = r"^[0-9]{1,20}-[0-9]{1,20}$"
+# One server-sent event (an event stream's schema, in OpenAPI 3.1, is one event's).
+EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["data", "event"],
+    "properties": {
+        "id": {"type": "string", "pattern": STREAM_ID, "description": "the Redis Stream id"},
+        "event": {"enum": ["token", "final", "error"]},
+        "data": {"type": "string", "description": "the TokenEvent, FinalEvent or error as JSON"},
+    },
+}
 RequestId = Annotated[str, Path(pattern=REQUEST_ID_RE.pattern, description="a request id")]
 
 
@@ -74,9 +85,15 @@ class CancelReply(BaseModel):
     )
 
 
-@router.post("", status_code=202, response_model=SubmitReply,
-             responses={200: {"model": SubmitReply, "description": "an idempotent repeat"},
-                        **error_responses(400, 401, 403, 404, 429, 503)})  # fmt: skip
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitReply,
+    responses={
+        200: {"model": SubmitReply, "description": "an idempotent repeat"},
+        **error_responses(400, 401, 403, 404, 429, 503),
+    },
+)
 async def submit(
     body: SubmitBody, caller: Caller, backend: BackendDep, response: Response
 ) -> SubmitReply:
@@ -85,9 +102,14 @@ async def submit(
     status = await backend.status(submitted.request_id)
     if submitted.duplicate:
         response.status_code = 200
-    return SubmitReply(id=status.id, model=status.model, priority=status.priority,
-                       state=status.state, position=status.position,
-                       duplicate=submitted.duplicate)  # fmt: skip
+    return SubmitReply(
+        id=status.id,
+        model=status.model,
+        priority=status.priority,
+        state=status.state,
+        position=status.position,
+        duplicate=submitted.duplicate,
+    )
 
 
 @router.get(
@@ -108,30 +130,47 @@ async def cancel(request_id: RequestId, _: Caller, backend: BackendDep) -> Cance
     return CancelReply(id=request_id, outcome=outcome)
 
 
-@router.get("/{request_id}/events", response_model=None,
-            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                             "description": "token events, then one final event"},
-                       **error_responses(400, 401, 404, 503)})  # fmt: skip
+@router.get(
+    "/{request_id}/events",
+    response_model=None,
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
+            "description": "token events, then one final event",
+        },
+        **error_responses(400, 401, 404, 503),
+    },
+)
 async def events(
-    request_id: RequestId, _: Caller, backend: BackendDep,
+    request_id: RequestId,
+    _: Caller,
+    backend: BackendDep,
     after: Annotated[str | None, Query(pattern=STREAM_ID, description="resume after it")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID)] = None,
-) -> SSEResponse:  # fmt: skip
+) -> SSEResponse:
     """The request's events as SSE: ``id`` is the Redis Stream id, ``event`` is token or
     final (or error). Reconnect with ``Last-Event-ID`` (or ``?after=``) to resume."""
+    cursor = _cursor(last_event_id, after)
     await backend.status(request_id)  # 404 before the stream starts
-    cursor = last_event_id or after or "0-0"
     return SSEResponse(_event_frames(backend, request_id, cursor))
+
+
+def _cursor(last_event_id: str | None, after: str | None) -> str:
+    """Where to resume: Last-Event-ID (what an EventSource sends) wins over ?after=."""
+    param, value = ("header.Last-Event-ID", last_event_id) if last_event_id else ("after", after)
+    if value is None:
+        return "0-0"
+    try:
+        parse_cursor(value)
+    except ValueError as e:
+        raise invalid(f"invalid request: {param}: {e}", param) from e
+    return value
 
 
 async def _event_frames(backend: Backend, request_id: str, cursor: str) -> AsyncIterator[bytes]:
     try:
-        async for item in backend.events(request_id, cursor):
-            if item is None:
-                yield KEEPALIVE
-            else:
-                data = orjson.dumps(item.event.model_dump(mode="json"))
-                yield frame(data, event_id=item.id, event=item.event.type)
+        async for batch in backend.events(request_id, cursor):
+            yield b"".join(frame(e.data, event_id=e.id, event=e.type) for e in batch) or KEEPALIVE
     except (TokenqError, redis.RedisError) as e:
         body = ErrorResponse(error=map_tokenq_error(e).detail).model_dump_json()
         yield frame(body, event="error")
@@ -139,12 +178,15 @@ async def _event_frames(backend: Backend, request_id: str, cursor: str) -> Async
 
 def _request(body: SubmitBody, caller: Principal, settings: Settings) -> GenerationRequest:
     data = {
-        "model": body.model or settings.default_model, "prompt": body.prompt,
-        "messages": body.messages, "priority": priority_for(caller, body.priority),
-        "sampling": body.sampling, "deadline_ms": deadline_ms(body.deadline),
+        "model": body.model or settings.default_model,
+        "prompt": body.prompt,
+        "messages": body.messages,
+        "priority": priority_for(caller, body.priority),
+        "sampling": body.sampling,
+        "deadline_ms": deadline_ms(body.deadline),
         "idempotency_key": body.idempotency_key,
         "metadata": {**body.metadata, "tenant": caller.tenant},
-    }  # fmt: skip
+    }
     try:
         return GenerationRequest.model_validate(data)
     except ValidationError as e:

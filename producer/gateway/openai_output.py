@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import orjson
 
+from producer.gateway.entries import Entry
 from producer.gateway.errors import ApiError, ErrorDetail, ErrorResponse
 from producer.gateway.openai_schemas import (
     AssistantMessage,
@@ -58,18 +59,26 @@ def token_logprobs(event: TokenEvent) -> list[TokenLogprob]:
 
 def usage_of(final: FinalEvent) -> CompletionUsage:
     u = final.usage
-    return CompletionUsage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                           total_tokens=u.total_tokens)  # fmt: skip
+    return CompletionUsage(
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        total_tokens=u.total_tokens,
+    )
 
 
 def failure(final: FinalEvent) -> ApiError | None:
     """The error a request that produced no answer gets (expired, failed)."""
     if final.finish_reason is FinishReason.EXPIRED:
-        return ApiError(504, f"the deadline passed before the request ran ({final.error})",
-                        type="timeout", code="deadline_expired")  # fmt: skip
+        return ApiError(
+            504,
+            f"the deadline passed before the request ran ({final.error})",
+            type="timeout",
+            code="deadline_expired",
+        )
     if final.finish_reason is FinishReason.ERROR:
-        return ApiError(500, f"generation failed: {final.error}", type="server_error",
-                        code="generation_failed")  # fmt: skip
+        return ApiError(
+            500, f"generation failed: {final.error}", type="server_error", code="generation_failed"
+        )
     return None
 
 
@@ -90,11 +99,22 @@ class Renderer:
     def id(self) -> str:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.request_id
 
-    def add(self, event: TokenEvent) -> list[TokenLogprob]:
-        self.text_parts.append(event.text)
-        entries = token_logprobs(event) if event.logprobs else []
+    def add(self, entry: Entry) -> list[TokenLogprob]:
+        self.text_parts.append(entry.text)
+        entries = token_logprobs(entry.token()) if entry.fields.get("logprobs") else []
         self.logprobs.extend(entries)
         return entries
+
+    def render(self, batch: list[Entry]) -> tuple[bytes, FinalEvent | None]:
+        """The SSE bytes for a batch of entries, and its final event if it has one."""
+        out, final = [], None
+        for entry in batch:
+            if entry.is_final:
+                final = entry.final()
+                out.append(self.final_chunks(final))
+            else:
+                out.append(self.token_chunk(entry))
+        return b"".join(out), final
 
     # Streaming.
     def first_chunk(self) -> bytes:
@@ -102,12 +122,12 @@ class Renderer:
             return self._chunk({"role": "assistant", "content": ""}, None, None)
         return b""
 
-    def token_chunk(self, event: TokenEvent) -> bytes:
-        offset = self.offset
-        self.offset += len(event.text)
-        entries = self.add(event)
+    def token_chunk(self, entry: Entry) -> bytes:
+        offset, text = self.offset, entry.text
+        self.offset += len(text)
+        entries = self.add(entry)
         logprobs = self._logprobs(entries, offset) if entries else None
-        payload = {"content": event.text} if self.kind == "chat" else event.text
+        payload = {"content": text} if self.kind == "chat" else text
         return self._chunk(payload, logprobs, None)
 
     def final_chunks(self, final: FinalEvent) -> bytes:
@@ -144,8 +164,13 @@ class Renderer:
             logprobs=ChoiceLogprobs(content=self.logprobs) if want_logprobs else None,
             finish_reason=final.finish_reason.value,
         )
-        return ChatCompletion(id=self.id, created=self.created, model=self.model,
-                              choices=[choice], usage=usage_of(final))  # fmt: skip
+        return ChatCompletion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[choice],
+            usage=usage_of(final),
+        )
 
     def completion(self, final: FinalEvent, want_logprobs: bool) -> Completion:
         offsets, at = [], 0
@@ -153,10 +178,18 @@ class Renderer:
             offsets.append(at)
             at += len(part)
         logprobs = _text_logprobs(self.logprobs, offsets) if want_logprobs else None
-        choice = CompletionChoice(text="".join(self.text_parts), logprobs=logprobs,
-                                  finish_reason=final.finish_reason.value)  # fmt: skip
-        return Completion(id=self.id, created=self.created, model=self.model, choices=[choice],
-                          usage=usage_of(final))  # fmt: skip
+        choice = CompletionChoice(
+            text="".join(self.text_parts),
+            logprobs=logprobs,
+            finish_reason=final.finish_reason.value,
+        )
+        return Completion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[choice],
+            usage=usage_of(final),
+        )
 
 
 def _text_logprobs(entries: list[TokenLogprob], offsets: list[int]) -> CompletionLogprobs:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from producer.gateway.auth import Principal, priority_for
 from producer.gateway.errors import from_validation_errors, invalid
 from producer.gateway.openai_schemas import (
+    MAX_DEADLINE_S,
     ChatCompletionRequest,
     ChatMessageIn,
     CompletionRequest,
@@ -18,9 +19,16 @@ from producer.gateway.openai_schemas import (
 )
 from shared.models import GenerationRequest
 
-MAX_DEADLINE_S = 366 * 24 * 3600
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_tokens", "repetition_penalty", "seed",
-                   "stop_token_ids", "ignore_eos")  # fmt: skip
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_tokens",
+    "repetition_penalty",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+)
 
 
 def chat_request(body: ChatCompletionRequest, caller: Principal) -> GenerationRequest:
@@ -50,8 +58,9 @@ def completion_request(body: CompletionRequest, caller: Principal) -> Generation
 
 def _check_common(body: GenerationBody) -> None:
     if body.n != 1:
-        raise invalid(f"n: only n=1 is supported (got {body.n}); send separate requests", "n",
-                      "unsupported")  # fmt: skip
+        raise invalid(
+            f"n: only n=1 is supported (got {body.n}); send separate requests", "n", "unsupported"
+        )
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name) not in (None, 0):
             raise invalid(f"{name} is not supported; use repetition_penalty", name, "unsupported")
@@ -84,17 +93,22 @@ def _sampling(body: GenerationBody, max_tokens: int | None, logprobs: int | None
 
 
 def _build(
-    body: GenerationBody, caller: Principal, inputs: dict[str, Any], sampling: dict[str, Any],
+    body: GenerationBody,
+    caller: Principal,
+    inputs: dict[str, Any],
+    sampling: dict[str, Any],
     metadata: dict[str, str] | None,
-) -> GenerationRequest:  # fmt: skip
+) -> GenerationRequest:
     extra = {"user": body.user} if body.user else {}
     data = {
-        "model": body.model, **inputs, "sampling": sampling,
+        "model": body.model,
+        **inputs,
+        "sampling": sampling,
         "priority": priority_for(caller, body.priority),
         "deadline_ms": deadline_ms(body.deadline),
         "idempotency_key": body.idempotency_key,
         "metadata": {**(metadata or {}), **extra, "tenant": caller.tenant},
-    }  # fmt: skip
+    }
     try:
         return GenerationRequest.model_validate(data)
     except ValidationError as e:
@@ -106,6 +120,9 @@ def deadline_ms(deadline_s: float | None, param: str = "deadline") -> int | None
     if deadline_s is None:
         return None
     if not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_DEADLINE_S:
-        raise invalid(f"{param}: must be seconds from now, above 0 and at most {MAX_DEADLINE_S} "
-                      f"(got {deadline_s})", param)  # fmt: skip
+        raise invalid(
+            f"{param}: must be seconds from now, above 0 and at most {MAX_DEADLINE_S} "
+            f"(got {deadline_s})",
+            param,
+        )
     return int((time.time() + deadline_s) * 1000)

@@ -26,7 +26,7 @@ from producer.gateway.openai_schemas import (
 from producer.gateway.registry import LiveModel
 from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
 from shared.errors import NotFound, TokenqError
-from shared.models import FinalEvent, GenerationRequest, TokenEvent
+from shared.models import FinalEvent, GenerationRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -35,17 +35,22 @@ CLIENT_CLOSED = 499  # nginx's code: the client left before the answer
 
 
 def _streamed(chunk: str) -> dict[int | str, dict[str, object]]:
-    doc = f"with stream: true, server-sent events 'data: <{chunk} JSON>', then 'data: [DONE]'"
-    return {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                  "description": "the completion; " + doc}}  # fmt: skip
+    """The stream=true answer: in OpenAPI 3.1 an event stream's schema is one event's."""
+    data = {"type": "string", "description": f"a {chunk} as JSON; [DONE] ends the stream"}
+    event = {"type": "object", "required": ["data"], "properties": {"data": data}}
+    doc = f"the completion, or with stream: true {chunk}s as SSE"
+    return {200: {"content": {"text/event-stream": {"schema": event}}, "description": doc}}
 
 
 ERRORS = error_responses(400, 401, 403, 404, 429, 500, 503, 504)
 Whole = Callable[[FinalEvent], BaseModel]
 
 
-@router.post("/chat/completions", response_model=ChatCompletion,
-             responses={**_streamed("ChatCompletionChunk"), **ERRORS})  # fmt: skip
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletion,
+    responses={**_streamed("ChatCompletionChunk"), **ERRORS},
+)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
@@ -57,8 +62,9 @@ async def chat_completions(
     return await _answer(request, backend, gen, body.stream, renderer, whole)
 
 
-@router.post("/completions", response_model=Completion,
-             responses={**_streamed("Completion"), **ERRORS})  # fmt: skip
+@router.post(
+    "/completions", response_model=Completion, responses={**_streamed("Completion"), **ERRORS}
+)
 async def completions(
     body: CompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
@@ -77,8 +83,9 @@ async def list_models(_: Caller, backend: BackendDep) -> ModelList:
     return ModelList(data=[_card(live[name]) for name in sorted(live)])
 
 
-@router.get("/models/{model:path}", response_model=ModelCard,
-            responses=error_responses(401, 404, 503))  # fmt: skip
+@router.get(
+    "/models/{model:path}", response_model=ModelCard, responses=error_responses(401, 404, 503)
+)
 async def get_model(model: str, _: Caller, backend: BackendDep) -> ModelCard:
     live = await backend.registry.live()
     if model not in live:
@@ -91,9 +98,13 @@ def _card(model: LiveModel) -> ModelCard:
 
 
 async def _answer(
-    request: Request, backend: Backend, gen: GenerationRequest, stream: bool,
-    renderer: Renderer, whole: Whole,
-) -> Response:  # fmt: skip
+    request: Request,
+    backend: Backend,
+    gen: GenerationRequest,
+    stream: bool,
+    renderer: Renderer,
+    whole: Whole,
+) -> Response:
     submitted = await backend.submit(gen, api=renderer.kind)
     renderer.request_id = submitted.request_id
     headers = {REQUEST_ID_HEADER: submitted.request_id}
@@ -101,7 +112,7 @@ async def _answer(
         return _stream(backend, submitted, renderer, headers)
     final = await unless_disconnected(request, _collect(backend, submitted, renderer))
     if final is None:
-        await _cancel_quietly(backend, submitted.request_id)
+        await _client_left(backend, submitted, renderer)
         return Response(status_code=CLIENT_CLOSED)
     error = failure(final)
     if error is not None:
@@ -111,19 +122,19 @@ async def _answer(
 
 
 async def _collect(backend: Backend, submitted: Submitted, renderer: Renderer) -> FinalEvent:
-    async for item in backend.events(submitted.request_id):
-        if item is None:
-            continue
-        if isinstance(item.event, TokenEvent):
-            renderer.add(item.event)
-        else:
-            _record(backend, submitted, item.event)
-            return item.event
+    async for batch in backend.events(submitted.request_id):
+        for entry in batch:
+            if entry.is_final:
+                final = entry.final()
+                _record(backend, submitted, final)
+                return final
+            renderer.add(entry)
     raise NotFound(f"request {submitted.request_id} ended without a final event")
 
 
-def _stream(backend: Backend, submitted: Submitted, renderer: Renderer,
-            headers: dict[str, str]) -> SSEResponse:  # fmt: skip
+def _stream(
+    backend: Backend, submitted: Submitted, renderer: Renderer, headers: dict[str, str]
+) -> SSEResponse:
     ended = False
 
     async def body() -> AsyncIterator[bytes]:
@@ -132,15 +143,12 @@ def _stream(backend: Backend, submitted: Submitted, renderer: Renderer,
         try:
             if first := renderer.first_chunk():
                 yield first
-            async for item in backend.events(submitted.request_id):
-                if item is None:
-                    yield KEEPALIVE
-                elif isinstance(item.event, TokenEvent):
-                    yield renderer.token_chunk(item.event)
-                else:
+            async for batch in backend.events(submitted.request_id):
+                chunks, final = renderer.render(batch)
+                if final is not None:
                     ended = True
-                    _record(backend, submitted, item.event)
-                    yield renderer.final_chunks(item.event)
+                    _record(backend, submitted, final)
+                yield chunks or KEEPALIVE
         except (TokenqError, redis.RedisError) as e:
             ended = True
             yield renderer.error_chunk(map_tokenq_error(e).detail)
@@ -148,9 +156,8 @@ def _stream(backend: Backend, submitted: Submitted, renderer: Renderer,
             backend.metrics.streams.labels(renderer.kind).dec()
 
     async def on_disconnect() -> None:
-        if not ended:  # an OpenAI stream cannot be resumed, so free the worker's slot
-            backend.metrics.disconnects.labels(renderer.kind).inc()
-            await _cancel_quietly(backend, submitted.request_id)
+        if not ended:
+            await _client_left(backend, submitted, renderer)
 
     return SSEResponse(body(), headers=headers, on_disconnect=on_disconnect)
 
@@ -160,9 +167,14 @@ def _record(backend: Backend, submitted: Submitted, final: FinalEvent) -> None:
         backend.metrics.finished(submitted.request.model, submitted.request.priority, final)
 
 
-async def _cancel_quietly(backend: Backend, request_id: str) -> None:
+async def _client_left(backend: Backend, submitted: Submitted, renderer: Renderer) -> None:
+    """An OpenAI caller cannot resume, so its request is cancelled to free the worker's
+    slot; unless it was an idempotent repeat, whose request belongs to the first caller."""
+    backend.metrics.disconnects.labels(renderer.kind).inc()
+    if submitted.duplicate:
+        return
     try:
-        outcome = await backend.cancel(request_id)
-        log.info("client left: cancel of %s %s", request_id, outcome)
+        outcome = await backend.cancel(submitted.request_id)
+        log.info("client left: cancel of %s %s", submitted.request_id, outcome)
     except (TokenqError, redis.RedisError) as e:
-        log.warning("client left; could not cancel %s: %s", request_id, e)
+        log.warning("client left; could not cancel %s: %s", submitted.request_id, e)

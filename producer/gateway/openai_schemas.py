@@ -7,11 +7,38 @@ stop_token_ids. Unknown fields are refused with 400 naming them, rather than ign
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import Any, Literal
 
+import annotated_types
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.models import SamplingParams
+
+MAX_DEADLINE_S = 366 * 24 * 3600
 PRIORITY_DOC = "tokenq: low, normal, high, critical or 0..100 (higher runs first)"
+_BOUNDS = {
+    annotated_types.Ge: "minimum",
+    annotated_types.Gt: "exclusiveMinimum",
+    annotated_types.Le: "maximum",
+    annotated_types.Lt: "exclusiveMaximum",
+    annotated_types.MaxLen: "maxItems",
+}
+
+
+def sampling_bounds(name: str) -> dict[str, Any]:
+    """The JSON Schema bounds of a SamplingParams field, so the schema documents the limits
+    that validation (in GenerationRequest, the one place for them) enforces."""
+    bounds: dict[str, Any] = {}
+    for item in SamplingParams.model_fields[name].metadata:
+        for kind, keyword in _BOUNDS.items():
+            if isinstance(item, kind) and dataclasses.is_dataclass(item):
+                bounds[keyword] = getattr(item, dataclasses.fields(item)[0].name)
+    return bounds
+
+
+def _sampled(name: str, doc: str | None = None) -> Any:
+    return Field(None, description=doc, json_schema_extra=sampling_bounds(name))
 
 
 class StreamOptions(BaseModel):
@@ -23,25 +50,29 @@ class GenerationBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
+    max_tokens: int | None = _sampled("max_tokens")
+    temperature: float | None = _sampled("temperature")
+    top_p: float | None = _sampled("top_p")
+    stop: str | list[str] | None = _sampled("stop")
+    seed: int | None = _sampled("seed")
+    n: int = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    frequency_penalty: float | None = Field(None, description="only 0 is supported")
-    presence_penalty: float | None = Field(None, description="only 0 is supported")
+    frequency_penalty: float | None = Field(None, json_schema_extra={"enum": [0, None]})
+    presence_penalty: float | None = Field(None, json_schema_extra={"enum": [0, None]})
     priority: int | str | None = Field(None, description=PRIORITY_DOC)
-    deadline: float | None = Field(None, description="tokenq: seconds from now to finish by")
+    deadline: float | None = Field(
+        None,
+        description="tokenq: seconds from now to finish by",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DEADLINE_S},
+    )
     idempotency_key: str | None = Field(None, description="tokenq: repeat-safe submit key")
-    top_k: int | None = None
-    min_tokens: int | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = _sampled("top_k")
+    min_tokens: int | None = _sampled("min_tokens")
+    repetition_penalty: float | None = _sampled("repetition_penalty")
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = _sampled("stop_token_ids")
 
 
 class TextPart(BaseModel):
@@ -61,14 +92,14 @@ class ChatCompletionRequest(GenerationBody):
     messages: list[ChatMessageIn]
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = _sampled("logprobs")
     metadata: dict[str, str] | None = None
 
 
 class CompletionRequest(GenerationBody):
     prompt: str | list[str]
-    logprobs: int | None = None
-    echo: bool = False
+    logprobs: int | None = _sampled("logprobs")
+    echo: bool = Field(False, json_schema_extra={"enum": [False]})
     best_of: int | None = None
     suffix: str | None = None
 

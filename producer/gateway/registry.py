@@ -39,9 +39,6 @@ class ModelRegistry:
             self._read_at = time.monotonic()
         return self._models
 
-    async def serves(self, model: str) -> bool:
-        return model in await self.live()
-
     async def _read(self) -> dict[str, LiveModel]:
         ids: list[Any] = await self._redis.zrange(
             self._keys.workers(), 0, MAX_WORKERS_READ - 1, withscores=True

@@ -37,9 +37,12 @@ class SSEResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(
-        self, body: AsyncIterator[bytes], *, headers: dict[str, str] | None = None,
+        self,
+        body: AsyncIterator[bytes],
+        *,
+        headers: dict[str, str] | None = None,
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.body_iterator = body
         self.on_disconnect = on_disconnect
         self.status_code = 200
@@ -66,8 +69,13 @@ class SSEResponse(Response):
 
     async def _stream(self, send: Send) -> bool:
         try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
             async for chunk in self.body_iterator:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -117,3 +117,29 @@ def test_grafana_dashboard_has_the_charts_operators_need() -> None:
     } <= titles
     for path in (ROOT / "deploy" / "grafana" / "provisioning").rglob("*.yml"):
         assert yaml.safe_load(path.read_text())["apiVersion"] == 1
+
+
+def test_gateway_pods_probe_routes_the_gateway_serves_on_its_port() -> None:
+    import inspect
+
+    from producer.gateway.app import create_app
+    from producer.gateway.cli import gateway
+
+    paths = set(create_app(Settings()).openapi()["paths"])
+    spec = _docs(ROOT / "deploy" / "k8s" / "gateway.yaml")[0]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] in paths
+    assert container["livenessProbe"]["httpGet"]["path"] in paths
+    assert "/metrics" in paths
+    default_port = inspect.signature(gateway).parameters["port"].default
+    assert container["ports"][0]["containerPort"] == default_port
+    assert _compose()["services"]["gateway"]["ports"] == [f"{default_port}:{default_port}"]
+
+
+def test_the_autoscaler_reads_a_metric_the_gateway_exports() -> None:
+    from producer.gateway.metrics import GatewayMetrics
+
+    exported = {m.name for m in GatewayMetrics().registry.collect()}
+    keda = (ROOT / "deploy" / "k8s" / "keda-scaledobject.yaml").read_text()
+    assert metric_names.QUEUE_DEPTH in keda
+    assert metric_names.QUEUE_DEPTH in exported

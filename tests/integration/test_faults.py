@@ -53,9 +53,9 @@ def held_by(
     """Whether the worker process holds a request that is part-way through."""
     for h in handles:
         s = h.status()
-        if s.state is RequestState.RUNNING and s.worker and f"-{proc.pid}-" in s.worker:
-            if s.num_generated >= min_tokens:
-                return True
+        mine = s.worker is not None and f"-{proc.pid}-" in s.worker
+        if s.state is RequestState.RUNNING and mine and s.num_generated >= min_tokens:
+            return True
     return False
 
 
@@ -90,7 +90,7 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
     handles = submit_all(client, items)
     seqs = ("--max-num-seqs", "8")
     victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
-    for kill in range(2):
+    for _ in range(2):
         wait_until(lambda v=victim: held_by(client, handles, v, 4), 240, "a request mid-stream")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)

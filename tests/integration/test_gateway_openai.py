@@ -50,9 +50,12 @@ def test_chat_completion(client: openai.OpenAI) -> None:
 
 def test_chat_stream(client: openai.OpenAI, worker: ScriptedWorker) -> None:
     stream = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True},
+        model=MODEL,
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
         extra_body={"priority": "high", "top_k": 4},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected_text(worker.num_tokens)

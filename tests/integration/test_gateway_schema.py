@@ -64,20 +64,54 @@ def no_server_error(ctx: CheckContext, response: Any, case: Any) -> bool | None:
     return True
 
 
+CHECKS = [
+    no_server_error,
+    error_body_is_well_formed,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_api_conforms_to_its_schema(api_schema: Any, mode: GenerationMode) -> None:
-    checks = [no_server_error, error_body_is_well_formed, status_code_conformance,
-              content_type_conformance, response_schema_conformance]  # fmt: skip
 
     @given(case=api_schema.as_strategy(generation_mode=mode), live=st.booleans())
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     def run(case: Any, live: bool) -> None:
         if live and isinstance(case.body, dict) and "model" in case.body:
             case.body["model"] = MODEL  # half the bodies reach the scripted worker
-        case.call_and_validate(checks=checks, timeout=30)
+        case.call_and_validate(checks=CHECKS, timeout=30)
 
     run()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ],
+)
+def test_streams_conform_to_the_schema(api_schema: Any, path: str, body: dict[str, Any]) -> None:
+    case = api_schema[path]["POST"].Case(body={**body, "model": MODEL, "stream": True})
+    response = case.call_and_validate(checks=CHECKS, timeout=30)
+    assert response.text.endswith("data: [DONE]\n\n")
+
+
+def test_native_events_conform_to_the_schema(api_schema: Any) -> None:
+    submit = api_schema["/v1/requests"]["POST"].Case(body={"model": MODEL, "prompt": "hi"})
+    request_id = submit.call_and_validate(checks=CHECKS, timeout=30).json()["id"]
+    events = api_schema["/v1/requests/{request_id}/events"]["GET"]
+    response = events.Case(path_parameters={"request_id": request_id}).call_and_validate(
+        checks=CHECKS, timeout=30
+    )
+    assert "event: final" in response.text
 
 
 def test_generated_requests_did_reach_the_worker(

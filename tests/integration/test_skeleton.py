@@ -45,8 +45,11 @@ def test_requests_over_all_priorities_stream_back_exactly_what_generate_gives(
     assert never.cancel() == "cancelled"
 
     worker = start_worker("--max-num-seqs", "2", "--burst")
+    first = handles[0]
+    live = list(first.stream(timeout=300))  # as it generates; the rest once all have ended
+    assert worker.wait(timeout=300) == 0, "the worker failed; see its log in the test's tmp dir"
     events = {h.id: list(h.stream()) for h in handles}
-    assert worker.wait(timeout=300) == 0
+    assert [e.id for e in live] == [e.id for e in events[first.id]]
 
     references = greedy_reference(default_model_dir, [(t, c) for _, t, c in PROMPTS], MAX_TOKENS)
     for handle, reference in zip(handles, references, strict=True):

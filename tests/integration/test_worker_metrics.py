@@ -51,7 +51,7 @@ def test_worker_metrics_match_what_was_submitted(
             worker.terminate()
             worker.wait(timeout=60)
     label = f'model="{SIM}"'
-    assert f'tokenq:request_success_total{{finish_reason="length",{label}}} 12.0' in body
+    assert f'tokenq:request_success_total{{finished_reason="length",{label}}} 12.0' in body
     assert f"tokenq:generation_tokens_total{{{label}}} 60.0" in body
     for name in ("low", "normal", "high", "critical"):
         line = f'tokenq:time_to_first_token_seconds_count{{{label},priority="{name}"}} 3.0'

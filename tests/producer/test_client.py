@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from producer.client import Client
-from shared.errors import InvalidRequest, NotFound, UnknownModel
+from shared.errors import InvalidRequest, NotFound, RequestTimeout, UnknownModel
 from shared.keys import Keys, model_tag
 from shared.models import RequestState
 from shared.settings import DEFAULT_MODEL, Settings
@@ -85,3 +85,11 @@ def test_a_model_no_worker_serves_is_refused(any_redis: redis.Redis) -> None:
     assert any_redis.dbsize() == 0
     lenient = Client(connection=any_redis, settings=Settings(require_known_model=False))
     assert lenient.submit("hi", model="nobody-serves-this").position() == 0
+
+
+def test_stream_and_result_give_up_after_their_timeout(client: Client) -> None:
+    h = client.submit("nobody runs this")
+    with pytest.raises(RequestTimeout, match="did not finish within 0.2s"):
+        list(h.stream(timeout=0.2))
+    with pytest.raises(RequestTimeout):
+        h.result(timeout=0.2)

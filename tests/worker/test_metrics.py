@@ -33,7 +33,7 @@ def test_metrics_health_and_readiness_endpoints() -> None:
         assert _get(f"{base}/readyz")[0] == 200
         status, body = _get(f"{base}/metrics")
         assert status == 200
-        assert 'tokenq:request_success_total{finish_reason="length",model="m"} 1.0' in body
+        assert 'tokenq:request_success_total{finished_reason="length",model="m"} 1.0' in body
         assert 'tokenq:generation_tokens_total{model="m"} 3.0' in body
         assert 'tokenq:prompt_tokens_total{model="m"} 7.0' in body
         assert 'tokenq:time_to_first_token_seconds_count{model="m",priority="high"} 1.0' in body

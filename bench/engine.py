@@ -1,0 +1,269 @@
+"""Engine throughput and priority isolation against transformers, in one run.
+
+    python bench/engine.py             # mixed200, every peer (~15 min on 2 quiet cores)
+    python bench/engine.py --quick     # mixed32, static-32 peer only
+
+Figures are useful new tokens per second (each request's own budget, ``ignore_eos``,
+greedy, fp32) over the whole workload, every request submitted at once. The peers
+run in the same process right after the engine, so compare ratios, not absolutes
+across runs (the machine is shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shared.models import SamplingParams
+from shared.priority import Priority, parse_priority
+from worker.engine import Engine, EngineConfig, EngineRequest
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+
+
+@dataclass
+class Item:
+    prompt_ids: list[int]
+    max_tokens: int
+    priority: int
+
+
+@dataclass
+class Run:
+    """What one drain of the engine saw."""
+
+    num_tokens: int = 0
+    wall_s: float = 0.0
+    ttft_s: dict[str, float] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+
+
+def load(path: Path, engine: Engine) -> list[Item]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        Item(engine.encode_chat(r["messages"]), r["max_tokens"], parse_priority(r["priority"]))
+        for r in rows
+    ]
+
+
+def request(i: int, item: Item) -> EngineRequest:
+    sampling = SamplingParams(max_tokens=item.max_tokens, temperature=0.0, ignore_eos=True)
+    return EngineRequest(f"r{i}", item.prompt_ids, sampling, item.priority, float(i))
+
+
+def drain(engine: Engine, arrivals: list[tuple[float, EngineRequest]]) -> Run:
+    """Add each request when its offset (s) comes and step until all are done."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    run = Run()
+    submitted: dict[str, float] = {}
+    start = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][0] <= time.perf_counter() - start:
+            offset, req = pending.pop(0)
+            submitted[req.request_id] = offset
+            engine.add_request(req)
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - start)))
+            continue
+        for out in engine.step():
+            run.num_tokens += len(out.new_token_ids)
+            now = time.perf_counter() - start
+            if out.new_token_ids and out.request_id not in run.ttft_s:
+                run.ttft_s[out.request_id] = now - submitted[out.request_id]
+            if out.finish_reason is not None:
+                run.finished.add(out.request_id)
+    run.wall_s = time.perf_counter() - start
+    return run
+
+
+def at_once(items: list[Item]) -> list[tuple[float, EngineRequest]]:
+    return [(0.0, request(i, it)) for i, it in enumerate(items)]
+
+
+def priority_run(engine: Engine, items: list[Item], engine_tps: float, overload: float) -> Run:
+    """Requests arrive in file order ``overload`` times faster than the engine drains
+    them, so the engine is saturated when each critical request comes."""
+    span_s = sum(it.max_tokens for it in items) / engine_tps / overload
+    return drain(engine, [(span_s * i / len(items), request(i, it)) for i, it in enumerate(items)])
+
+
+def idle_ttft(engine: Engine, items: list[Item], num: int = 8) -> float:
+    critical = [(i, it) for i, it in enumerate(items) if it.priority == Priority.CRITICAL][:num]
+    times: list[float] = []
+    for i, item in critical:
+        run = drain(engine, [(0.0, request(i, item))])
+        times.extend(run.ttft_s.values())
+    return statistics.median(times)
+
+
+def static_batches(model: Any, items: list[Item], batch_size: int) -> float:
+    """transformers ``generate``: left-padded batches, each to its longest budget."""
+    pad = model.generation_config.pad_token_id or 0
+    start = time.perf_counter()
+    for b in range(0, len(items), batch_size):
+        batch = items[b : b + batch_size]
+        width = max(len(it.prompt_ids) for it in batch)
+        ids = [[pad] * (width - len(it.prompt_ids)) + it.prompt_ids for it in batch]
+        mask = [[0] * (width - len(it.prompt_ids)) + [1] * len(it.prompt_ids) for it in batch]
+        with torch.inference_mode():
+            model.generate(
+                input_ids=torch.tensor(ids),
+                attention_mask=torch.tensor(mask),
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=pad,
+                max_new_tokens=max(it.max_tokens for it in batch),
+            )
+    return sum(it.max_tokens for it in items) / (time.perf_counter() - start)
+
+
+def generate_batch(model: Any, items: list[Item]) -> float:
+    """transformers' continuous batching (the manager behind ``generate_batch``),
+    each request with its own budget and no EOS stop."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(  # type: ignore[no-untyped-call]  # transformers is untyped here
+        do_sample=False,
+        max_new_tokens=max(it.max_tokens for it in items),
+        eos_token_id=-1,
+        pad_token_id=model.generation_config.pad_token_id,
+    )
+    num_tokens, done = 0, 0
+    start = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=config, block=True) as cb:
+        for i, it in enumerate(items):
+            cb.add_request(it.prompt_ids, request_id=f"g{i}", max_new_tokens=it.max_tokens)
+        while done < len(items):
+            result = cb.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done += 1
+                num_tokens += len(result.generated_tokens)
+    return num_tokens / (time.perf_counter() - start)
+
+
+def raw_ceiling(model: Any, batch_size: int, context: int = 128, steps: int = 16) -> float:
+    """A batched decode forward over a ~128-token cache with nothing around it."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(100, 1000, (batch_size, context))
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return batch_size * steps / (time.perf_counter() - start)
+
+
+def report_engine(engine: Engine, items: list[Item]) -> float:
+    drain(engine, at_once(items[:8]))  # warm-up
+    before = engine.scheduler.num_preemptions
+    run = drain(engine, at_once(items))
+    tps = run.num_tokens / run.wall_s
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    config = engine.config
+    print(
+        f"engine: {tps:.1f} tok/s ({run.num_tokens} tokens in {run.wall_s:.1f} s; "
+        f"max_num_seqs {config.max_num_seqs}, {config.max_num_batched_tokens} tokens/step, "
+        f"{engine.scheduler.num_preemptions - before} preemptions)"
+    )
+    print(
+        f"  peak RSS {rss_mib:.0f} MiB; KV cache budget {engine.kv_cache_budget_bytes >> 20} MiB "
+        f"({engine.kv_cache.num_blocks} blocks of {engine.kv_cache.block_size} tokens), "
+        f"tensors allocated {engine.runner.kv_cache_bytes >> 20} MiB"
+    )
+    return tps
+
+
+def report_priority(engine: Engine, items: list[Item], engine_tps: float, overload: float) -> None:
+    idle = idle_ttft(engine, items)
+    run = priority_run(engine, items, engine_tps, overload)
+    critical = [
+        run.ttft_s[f"r{i}"] for i, it in enumerate(items) if it.priority == Priority.CRITICAL
+    ]
+    lows = [f"r{i}" for i, it in enumerate(items) if it.priority == Priority.LOW]
+    busy = statistics.median(critical)
+    print(
+        f"priority (arrivals {overload:g}x the drain rate): "
+        f"critical TTFT idle {idle * 1000:.0f} ms, "
+        f"saturated median {busy * 1000:.0f} ms = {busy / idle:.2f}x (target <= 3x); "
+        f"low finished {sum(r in run.finished for r in lows)}/{len(lows)}"
+    )
+
+
+def report_peers(
+    model: Any, items: list[Item], engine_tps: float, args: argparse.Namespace
+) -> None:
+    batch = args.max_num_seqs
+    ceiling = raw_ceiling(model, batch)
+    print(
+        f"raw ceiling (batch {batch}, 128-token context): {ceiling:.1f} tok/s; "
+        f"engine {100 * engine_tps / ceiling:.0f}% of it (target >= 80%)"
+    )
+    static = static_batches(model, items, 32)
+    print(f"static batches of 32: {static:.1f} tok/s; engine {engine_tps / static:.2f}x (>= 2.0x)")
+    if not args.quick:
+        cb = generate_batch(model, items)
+        print(f"generate_batch: {cb:.1f} tok/s; engine {engine_tps / cb:.2f}x (>= 2.5x)")
+
+
+def main() -> None:
+    args = parse_args()
+    engine = Engine(
+        EngineConfig(
+            model=args.model,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            num_threads=args.threads,
+        )
+    )
+    items = load(Path(args.workload), engine)
+    print(
+        f"{Path(args.workload).name}: {len(items)} requests, "
+        f"{sum(it.max_tokens for it in items)} new tokens, "
+        f"{sum(len(it.prompt_ids) for it in items)} prompt tokens; "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    engine_tps = report_engine(engine, items)
+    if not args.skip_priority:
+        report_priority(engine, items, engine_tps, args.overload)
+    if not args.skip_peers:
+        model = engine.runner.model
+        model.set_attn_implementation("sdpa")
+        report_peers(model, items, engine_tps, args)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", default=None, help="a jsonl workload (default mixed200)")
+    parser.add_argument("--quick", action="store_true", help="mixed32, static-32 peer only")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens
+    )
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--overload", type=float, default=2.0, help="arrival over drain rate")
+    parser.add_argument("--skip-priority", action="store_true")
+    parser.add_argument("--skip-peers", action="store_true")
+    args = parser.parse_args()
+    if args.workload is None:
+        args.workload = str(WORKLOADS / ("mixed32.jsonl" if args.quick else "mixed200.jsonl"))
+    return args
+
+
+if __name__ == "__main__":
+    main()

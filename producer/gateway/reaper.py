@@ -1,0 +1,36 @@
+"""Gateways sweep for requests whose worker died, as workers do: whichever process
+holds a queue's short reaper lock sweeps it (shared/reaper.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+import redis
+
+from shared.keys import Keys
+from shared.reaper import reap_once_async
+from shared.registry import KNOWN_MODELS_LIMIT
+from shared.scripts import AsyncScripts
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def reap_forever(connection: redis.asyncio.Redis, settings: Settings) -> None:
+    """Sweep every known model's queue every half lease, until cancelled."""
+    keys, scripts = Keys(settings.namespace), AsyncScripts(connection)
+    owner = f"gateway-{secrets.token_hex(4)}"
+    while True:
+        await asyncio.sleep(settings.lease_ms / 2000)
+        try:
+            tags = await connection.hkeys(keys.models())
+            for tag in tags[:KNOWN_MODELS_LIMIT]:
+                await reap_once_async(connection, scripts, settings, _text(tag), owner)
+        except redis.RedisError as e:
+            log.warning("reaper sweep failed (%s); trying again", e)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

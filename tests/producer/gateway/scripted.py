@@ -1,0 +1,163 @@
+"""A scripted worker: plays the worker side with the real Lua scripts (claim, publish,
+finish), one token per held request per step, honouring cancels, so gateway tests run
+fast and deterministic without a model. Also registers itself as a live worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from shared.keys import Keys, model_tag
+from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent, Usage, dumps
+from shared.registry import mark_served
+from shared.scripts import (
+    Claimed,
+    Scripts,
+    TokenPublish,
+    claim_call,
+    finish_call,
+    parse_claim,
+    publish_call,
+)
+from shared.settings import Settings
+
+MODEL = "test-model"
+MAX_STEPS = 200_000
+
+
+def token_text(index: int) -> str:
+    return f"t{index} "
+
+
+def expected_text(num_tokens: int) -> str:
+    return "".join(token_text(i) for i in range(num_tokens))
+
+
+@dataclass
+class _Running:
+    claimed: Claimed
+    request: GenerationRequest
+    num_sent: int = 0
+
+
+@dataclass
+class ScriptedWorker:
+    url: str
+    settings: Settings = field(default_factory=Settings)
+    model: str = MODEL
+    worker_id: str = "scripted-1"
+    step_s: float = 0.005
+    num_tokens: int = 8  # tokens per answer, at most max_tokens
+    max_num_seqs: int = 64
+    running: dict[str, _Running] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.redis = redis.Redis.from_url(self.url)
+        self.keys = Keys(self.settings.namespace)
+        self.scripts = Scripts(self.redis)
+        self.tag = model_tag(self.model)
+
+    def register(self) -> None:
+        fields = {
+            "model": self.model,
+            "version": "test",
+            "pid": "0",
+            "device": "cpu",
+            "max_num_seqs": str(self.max_num_seqs),
+            "running": str(len(self.running)),
+            "tokens_per_s": "0",
+            "state": "serving",
+            "heartbeat_ms": str(int(time.time() * 1000)),
+        }
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
+        pipe.pexpire(self.keys.worker(self.worker_id), 10_000)
+        pipe.zadd(self.keys.workers(), {self.worker_id: time.time()})
+        mark_served(pipe, self.keys, self.settings, self.model)
+        pipe.execute()
+
+    def start(self) -> ScriptedWorker:
+        self.register()
+        self._thread = threading.Thread(target=self._loop, name="scripted-worker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.redis.close()
+
+    def _loop(self) -> None:
+        last_beat = time.monotonic()
+        for _ in range(MAX_STEPS):
+            if self._stop.wait(self.step_s):
+                return
+            self.step()
+            if time.monotonic() - last_beat > 1.0:
+                self.register()
+                last_beat = time.monotonic()
+
+    def step(self) -> None:
+        """Claim what fits, finish what is done, then one token for every other held
+        request, all in one publish call as a worker's step does."""
+        self._claim()
+        for run in [r for r in self.running.values() if r.num_sent >= self._limit(r)]:
+            limit = run.request.sampling.max_tokens
+            self._finish(run, FinishReason.LENGTH if run.num_sent == limit else FinishReason.STOP)
+        runs = list(self.running.values())
+        if not runs:
+            return
+        codes = self.scripts.run(publish_call(self.keys, [self._event(r) for r in runs]))
+        for run, code in zip(runs, codes, strict=True):
+            run.num_sent += 1
+            if int(code) == 2:
+                self._finish(run, FinishReason.CANCELLED)
+
+    def _limit(self, run: _Running) -> int:
+        return min(self.num_tokens, run.request.sampling.max_tokens)
+
+    def _claim(self) -> None:
+        room = self.max_num_seqs - len(self.running)
+        queued: list[bytes] = self.redis.zrange(self.keys.queue(self.tag), 0, room - 1)  # type: ignore[assignment]
+        ids = [i.decode() for i in queued]
+        if room <= 0 or not ids:
+            return
+        call = claim_call(self.keys, self.settings, self.tag, self.worker_id, ids)
+        for c in parse_claim(self.scripts.run(call)):
+            request = GenerationRequest.model_validate_json(c.payload)
+            self.running[c.request_id] = _Running(c, request, c.num_generated)
+
+    def _event(self, run: _Running) -> TokenPublish:
+        i, num_top = run.num_sent, run.request.sampling.logprobs
+        logprobs = None if num_top is None else (_logprob(i, num_top),)
+        event = TokenEvent(index=i, token_ids=(i,), text=token_text(i), logprobs=logprobs)
+        return TokenPublish(run.claimed.request_id, run.claimed.lease_token, dumps(event), i, 1)
+
+    def _finish(self, run: _Running, reason: FinishReason) -> None:
+        c, n = run.claimed, run.num_sent
+        usage = Usage(prompt_tokens=3, completion_tokens=n)
+        final = dumps(FinalEvent(finish_reason=reason, usage=usage))
+        output = dumps_output(expected_text(n), list(range(n)))
+        state = "cancelled" if reason is FinishReason.CANCELLED else "finished"
+        call = finish_call(
+            self.keys, self.settings, c.request_id, c.lease_token, final, output, state
+        )
+        self.scripts.run(call)
+        del self.running[c.request_id]
+
+
+def dumps_output(text: str, token_ids: list[int]) -> bytes:
+    import orjson
+
+    return orjson.dumps({"text": text, "token_ids": token_ids})
+
+
+def _logprob(index: int, num_top: int) -> dict[str, object]:
+    top = [{"token_id": index + k, "logprob": -0.5 - k} for k in range(num_top)]
+    return {"token_id": index, "logprob": -0.5, "top": top}

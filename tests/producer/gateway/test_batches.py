@@ -1,0 +1,47 @@
+"""Batches over HTTP: create, read, list, cancel, and the error JSONL."""
+
+from __future__ import annotations
+
+import orjson
+
+from tests.producer.gateway.conftest import RunningGateway
+from tests.producer.gateway.scripted import MODEL
+
+
+def _lines(n: int) -> list[dict[str, object]]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    return [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(n)
+    ]
+
+
+def test_create_read_list_cancel_and_error_lines(gateway: RunningGateway) -> None:
+    with gateway.client() as http:
+        created = http.post("/v1/batches", json={"requests": _lines(3), "priority": "low"})
+        assert created.status_code == 201, created.text
+        batch = created.json()
+        assert (batch["priority"], batch["counts"]["total"]) == (25, 3)
+        assert http.get(f"/v1/batches/{batch['id']}").json()["id"] == batch["id"]
+        assert batch["id"] in [b["id"] for b in http.get("/v1/batches").json()]
+        cancelled = http.post(f"/v1/batches/{batch['id']}/cancel")
+        assert cancelled.status_code == 200
+        assert cancelled.json()["state"] in ("cancelling", "cancelled")
+        output = http.get(f"/v1/batches/{batch['id']}/output")
+        assert output.headers["content-type"] == "application/jsonl"
+
+
+def test_bad_batches_get_clear_errors(gateway: RunningGateway) -> None:
+    with gateway.client() as http:
+        bad = http.post("/v1/batches", json={"requests": [{"custom_id": "x", "body": {}}]})
+        assert bad.status_code == 400
+        assert "line 1" in bad.json()["error"]["message"]
+        malformed = http.get("/v1/batches/not-a-batch")
+        assert malformed.status_code == 400
+        assert "malformed batch id" in malformed.json()["error"]["message"]
+        missing = http.get("/v1/batches/batch_" + "0" * 24)
+        assert missing.status_code == 404
+        hooked = {"requests": _lines(1), "webhook_url": "http://127.0.0.1:9/hook"}
+        no_secret = http.post("/v1/batches", json=hooked)
+        assert no_secret.status_code == 503
+        assert "TOKENQ_WEBHOOK_SECRET" in orjson.loads(no_secret.content)["error"]["message"]

@@ -1,0 +1,75 @@
+"""Stream events rendered the OpenAI way; the hand-built chunks match the documented models."""
+
+from __future__ import annotations
+
+import orjson
+
+from producer.gateway.entries import Entry, parse_entry
+from producer.gateway.openai_output import Renderer, failure
+from producer.gateway.openai_schemas import ChatCompletionChunk, Completion
+from shared.models import FinalEvent, FinishReason, TokenEvent, Usage, dumps
+
+FINAL = FinalEvent(
+    finish_reason=FinishReason.LENGTH, usage=Usage(prompt_tokens=2, completion_tokens=2)
+)
+
+
+def _token(i: int, logprobs: bool = False) -> Entry:
+    lp = ({"token_id": i, "logprob": -0.1, "top": [{"token_id": 9, "logprob": -2.0}]},)
+    event = TokenEvent(index=i, token_ids=(i,), text=f"w{i}", logprobs=lp if logprobs else None)
+    return parse_entry(f"{i}-0", {"e": dumps(event)})
+
+
+def _payloads(frames: bytes) -> list[str]:
+    return [line.removeprefix(b"data: ").decode() for line in frames.split(b"\n\n") if line]
+
+
+def test_chat_chunks_validate_and_end_with_usage_then_done() -> None:
+    r = Renderer("chat", "abc", "m", include_usage=True)
+    final = parse_entry("9-0", {"e": dumps(FINAL)})
+    rendered, seen_final = r.render([_token(0, True), final])
+    assert seen_final == FINAL
+    frames = r.first_chunk() + rendered
+    payloads = _payloads(frames)
+    assert payloads[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate_json(p) for p in payloads[:-1]]
+    assert [c.id for c in chunks] == ["chatcmpl-abc"] * 4
+    assert chunks[1].choices[0].logprobs is not None
+    assert chunks[1].choices[0].logprobs.content is not None
+    top = chunks[1].choices[0].logprobs.content[0].top_logprobs[0]
+    assert (top.token, top.logprob) == ("token_id:9", -2.0)
+    assert chunks[2].choices[0].finish_reason == "length"
+    assert chunks[3].usage is not None and chunks[3].usage.total_tokens == 4
+
+
+def test_text_chunks_carry_offsets_and_the_whole_completion_agrees() -> None:
+    streamed = Renderer("text", "abc", "m")
+    frames = streamed.token_chunk(_token(0, True)) + streamed.token_chunk(_token(1, True))
+    chunks = [Completion.model_validate_json(p) for p in _payloads(frames)]
+    offsets = [c.choices[0].logprobs.text_offset for c in chunks if c.choices[0].logprobs]
+    assert offsets == [[0], [2]]
+    whole = Renderer("text", "abc", "m")
+    whole.add(_token(0, True))
+    whole.add(_token(1, True))
+    completion = whole.completion(FINAL, want_logprobs=True)
+    assert completion.choices[0].text == "w0w1"
+    assert completion.choices[0].logprobs is not None
+    assert completion.choices[0].logprobs.tokens == ["w0", "w1"]
+    assert completion.choices[0].logprobs.text_offset == [0, 2]
+
+
+def test_an_error_final_in_a_stream_sends_an_error_object_before_done() -> None:
+    r = Renderer("chat", "abc", "m")
+    broken = FinalEvent(finish_reason=FinishReason.ERROR, error="CUDA fell over")
+    payloads = _payloads(r.final_chunks(broken))
+    assert orjson.loads(payloads[1])["error"]["code"] == "generation_failed"
+    assert payloads[-1] == "[DONE]"
+
+
+def test_expired_and_failed_requests_are_errors_not_answers() -> None:
+    expired = failure(FinalEvent(finish_reason=FinishReason.EXPIRED, error="late"))
+    failed = failure(FinalEvent(finish_reason=FinishReason.ERROR, error="boom"))
+    assert expired is not None and expired.status == 504
+    assert failed is not None and failed.status == 500
+    assert failure(FINAL) is None
+    assert failure(FinalEvent(finish_reason=FinishReason.CANCELLED)) is None
