@@ -89,7 +89,7 @@ def test_a_model_no_worker_serves_is_refused(any_redis: redis.Redis) -> None:
 
 def test_stream_and_result_give_up_after_their_timeout(client: Client) -> None:
     h = client.submit("nobody runs this")
-    with pytest.raises(RequestTimeout, match="did not finish within 0.2s"):
+    with pytest.raises(RequestTimeout, match=r"did not finish within 0\.2s"):
         list(h.stream(timeout=0.2))
     with pytest.raises(RequestTimeout):
         h.result(timeout=0.2)
