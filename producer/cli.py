@@ -7,7 +7,6 @@ producer side installs and starts without the model stack.
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,12 +21,10 @@ from producer.batch.cli import batch_app
 from producer.cli_options import RedisOpt, settings_for
 from producer.client import Client, Handle
 from producer.dashboard.cli import dashboard
-from producer.embedded import EmbeddedRedis, up_state_file
 from producer.gateway.cli import gateway
 from shared.errors import TokenqError
 from shared.models import FinalEvent, TokenEvent
-from shared.registry import mark_served
-from shared.settings import DEFAULT_MODEL, Settings
+from shared.settings import DEFAULT_MODEL
 
 app = typer.Typer(help="tokenq: prioritized LLM generation through Redis.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -67,27 +64,16 @@ def worker(
 
 
 @app.command()
-def up(model: ModelOpt = DEFAULT_MODEL, log_level: str = "INFO") -> None:
-    """Everything on this host: an embedded Redis and a worker on MODEL."""
+def up(
+    model: ModelOpt = DEFAULT_MODEL,
+    port: Annotated[int | None, typer.Option(help="gateway port (default 8000, else free)")] = None,
+    log_level: str = "INFO",
+) -> None:
+    """Everything on this host: an embedded Redis, a worker on MODEL, a gateway."""
+    from producer.up import run_up
+
     _logging(log_level)
-    server = EmbeddedRedis().start()
-    state = up_state_file()
-    state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text(server.url)
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", server.url, "--model", model]
-    proc = subprocess.Popen(cmd)
-    with Client(settings=Settings(redis_url=server.url)) as client:
-        announce_model(client, model)
-    console.print(f"[bold]tokenq is up[/]: Redis {server.url} ({server.kind}), worker on {model}")
-    console.print('From another shell:  [bold]tokenq submit "Tell me a joke" --stream[/]')
-    try:
-        proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=60)
-    finally:
-        state.unlink(missing_ok=True)
-        server.stop()
+    run_up(model, port, console)
 
 
 @app.command()
@@ -197,13 +183,6 @@ def _print_final(final: FinalEvent) -> None:
         f"[dim]finish: {final.finish_reason}, {final.usage.completion_tokens} tokens, "
         f"ttft {t.ttft_s}s, total {t.total_s}s[/]"
     )
-
-
-def announce_model(client: Client, model: str) -> None:
-    """Mark MODEL as served right away, so submits are accepted while it loads."""
-    pipe = client.redis.pipeline(transaction=False)
-    mark_served(pipe, client.keys, client.settings, model)
-    pipe.execute()
 
 
 def _logging(level: str) -> None:

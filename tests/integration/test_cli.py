@@ -7,9 +7,12 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from shared.settings import DEFAULT_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,6 +35,10 @@ class Output(threading.Thread):
             self.lines.append(line)
             if "tokenq is up" in line:
                 self.up.set()
+
+    def gateway_url(self) -> str:
+        line = next(line for line in self.lines if "HTTP (OpenAI-compatible):" in line)
+        return line.split(": ", 1)[1].strip().removesuffix("/v1")
 
     def wait_until_up(self) -> str:
         if not self.up.wait(timeout=120):
@@ -78,6 +85,8 @@ def _run_against_up(up: subprocess.Popen[str], env: dict[str, str], redis_kind: 
         )
         assert submit.returncode == 0, submit.stderr
         assert "Paris" in submit.stdout
+        with urllib.request.urlopen(f"{output.gateway_url()}/v1/models", timeout=10) as reply:
+            assert DEFAULT_MODEL in reply.read().decode()
         assert "finish: stop" in submit.stderr or "finish: length" in submit.stderr
     finally:
         up.send_signal(signal.SIGINT)

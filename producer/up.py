@@ -1,0 +1,101 @@
+"""`tokenq up`: everything on one host, on an embedded default."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from contextlib import closing
+
+from rich.console import Console
+
+from producer.client import Client
+from producer.embedded import EmbeddedRedis, free_port, up_state_file
+from shared.registry import mark_served
+from shared.settings import Settings
+
+GATEWAY_PORT = 8000
+
+
+def run_up(model: str, port: int | None, console: Console) -> None:
+    """An embedded Redis, a worker on MODEL and (when the gateway extra is installed) a
+    gateway with the dashboard; until Ctrl-C or one of them stops."""
+    server = EmbeddedRedis().start()
+    state = up_state_file()
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(server.url)
+    announce_model(server.url, model)
+    procs = [_tokenq("worker", "--redis", server.url, "--model", model)]
+    try:
+        procs += _gateway(server.url, port, console)
+        console.print(
+            f"[bold]tokenq is up[/]: Redis {server.url} ({server.kind}), worker on {model}"
+        )
+        console.print('From another shell:  [bold]tokenq submit "Tell me a joke" --stream[/]')
+        _wait_any(procs)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop(procs)
+        state.unlink(missing_ok=True)
+        server.stop()
+
+
+def announce_model(redis_url: str, model: str) -> None:
+    """Mark MODEL as served right away, so submits are accepted while it loads."""
+    with Client(settings=Settings(redis_url=redis_url)) as client:
+        pipe = client.redis.pipeline(transaction=False)
+        mark_served(pipe, client.keys, client.settings, model)
+        pipe.execute()
+
+
+def _gateway(redis_url: str, port: int | None, console: Console) -> list[subprocess.Popen[bytes]]:
+    if importlib.util.find_spec("fastapi") is None:
+        console.print("[dim]no gateway: install tokenq[gateway] for HTTP and the dashboard[/]")
+        return []
+    port = port or (GATEWAY_PORT if _port_free(GATEWAY_PORT) else free_port())
+    token = os.environ.get("TOKENQ_ADMIN_TOKEN") or secrets.token_urlsafe(18)
+    proc = _tokenq(
+        "gateway",
+        "--redis",
+        redis_url,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        env={"TOKENQ_ADMIN_TOKEN": token},
+    )
+    console.print(f"HTTP (OpenAI-compatible): http://127.0.0.1:{port}/v1")
+    console.print(f"Dashboard: http://127.0.0.1:{port}/admin/#token={token}")
+    return [proc]
+
+
+def _tokenq(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "producer.cli", *args], env={**os.environ, **(env or {})}
+    )
+
+
+def _port_free(port: int) -> bool:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _wait_any(procs: list[subprocess.Popen[bytes]]) -> None:
+    while all(p.poll() is None for p in procs):
+        time.sleep(0.5)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
