@@ -248,6 +248,7 @@ class WorkerService:
             priority=req.priority,
             arrival=time.monotonic(),
             output_token_ids=list(held.token_ids),
+            output_text="".join(held.text_parts),
             deadline_unix_s=deadline,
         )
 

@@ -1,0 +1,66 @@
+"""Fixtures for the engine tests: the model, engine factories, request factories,
+and greedy references from transformers' own ``generate``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.worker.engine.factories import load_workload
+from tests.worker.engine.reference import Reference, greedy_references
+from worker.engine import Engine, EngineConfig
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    """The default model (converted from its GGUF package on first use)."""
+    from worker.model_store import resolve_model
+
+    return str(resolve_model("SmolLM2-135M-Instruct"))
+
+
+EngineFactory = Callable[..., Engine]
+
+
+@pytest.fixture(scope="session")
+def make_engine(model_path: str) -> EngineFactory:
+    """Engines by configuration, loaded once per session and shared (each test
+    leaves its engine with nothing in flight)."""
+    cache: dict[tuple[tuple[str, Any], ...], Engine] = {}
+
+    def make(**overrides: Any) -> Engine:
+        key = tuple(sorted(overrides.items()))
+        if key not in cache:
+            cache[key] = Engine(EngineConfig(model=model_path, **overrides))
+        engine = cache[key]
+        assert not engine.has_unfinished_requests(), "an earlier test left requests behind"
+        return engine
+
+    return make
+
+
+@pytest.fixture
+def engine(make_engine: EngineFactory) -> Iterator[Engine]:
+    engine = make_engine()
+    yield engine
+    _drain(engine)
+
+
+def _drain(engine: Engine) -> None:
+    for seq in (*engine.scheduler.running, *engine.scheduler.waiting):
+        engine.abort_request(seq.request_id)
+    engine.step()
+
+
+@pytest.fixture(scope="session")
+def mixed32_references(model_path: str) -> list[Reference]:
+    return greedy_references(model_path, load_workload("mixed32.jsonl"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)

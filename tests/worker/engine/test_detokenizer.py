@@ -1,0 +1,79 @@
+"""Incremental text equals a full decode; stop strings cut and hold back text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from worker.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+
+TEXTS = [
+    "Party time 🎉🎉 with family 👨‍👩‍👧‍👦 and 🇯🇵 flags!",
+    "東京は日本の首都です。北京是中国的首都。서울은 한국의 수도입니다.",
+    "Crème brûlée, naïve façade, São Paulo, Ångström, ﬁnal œuvre.",
+    "mixed: café ☕ 中文 😀 ok",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_token_by_token_text_equals_a_full_decode(tokenizer: Any, text: str) -> None:
+    prompt = tokenizer.encode("Say something:")
+    ids = tokenizer.encode(text)
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt)
+    deltas = [detokenizer.add([token_id]) for token_id in ids]
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_several_tokens_at_once(tokenizer: Any) -> None:
+    ids = tokenizer.encode(TEXTS[0])
+    detokenizer = IncrementalDetokenizer(tokenizer, [])
+    deltas = [detokenizer.add(ids[i : i + 3]) for i in range(0, len(ids), 3)]
+    assert "".join(deltas) == tokenizer.decode(ids)
+
+
+def test_special_tokens_give_no_text(tokenizer: Any) -> None:
+    detokenizer = IncrementalDetokenizer(tokenizer, [])
+    assert detokenizer.add(tokenizer.encode("Hi")) == "Hi"
+    assert detokenizer.add([tokenizer.eos_token_id]) == ""
+
+
+def feed(matcher: StopStringMatcher, pieces: list[str]) -> tuple[list[str], bool]:
+    emitted = []
+    for piece in pieces:
+        text, stopped = matcher.add(piece)
+        emitted.append(text)
+        if stopped:
+            return emitted, True
+    return emitted, False
+
+
+def test_stop_string_spanning_pieces_is_cut_and_never_emitted() -> None:
+    emitted, stopped = feed(StopStringMatcher(("STOP!",)), ["Hello S", "TO", "P! more"])
+    assert stopped
+    assert emitted == ["Hello ", "", ""]
+
+
+def test_text_that_may_start_a_stop_string_is_held_back_then_released() -> None:
+    matcher = StopStringMatcher(("<end>",))
+    emitted, stopped = feed(matcher, ["a <e", "n", "x b"])
+    assert not stopped
+    assert emitted == ["a ", "", "<enx b"]
+
+
+def test_flush_releases_held_back_text_at_the_end() -> None:
+    matcher = StopStringMatcher(("###",))
+    assert matcher.add("done #") == ("done ", False)
+    assert matcher.flush() == "#"
+
+
+def test_earliest_of_several_stop_strings_wins() -> None:
+    matcher = StopStringMatcher(("world", "lo w"))
+    assert matcher.add("hello world") == ("hel", True)
+
+
+def test_stop_strings_are_ignored_while_not_allowed() -> None:
+    matcher = StopStringMatcher(("x",))
+    assert matcher.add("axb", can_stop=False) == ("axb", False)
+    assert matcher.add("cxd") == ("c", True)

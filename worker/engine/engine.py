@@ -1,0 +1,236 @@
+"""The engine: requests in, token deltas out, one batched step at a time.
+
+``step()`` applies cancellations and deadlines, asks the scheduler what to run,
+has the model runner run it, and turns the new tokens into outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+from shared.models import FinishReason
+from worker.engine.config import EngineConfig
+from worker.engine.kv_cache import KVCacheManager
+from worker.engine.model_runner import ModelRunner
+from worker.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput
+from worker.engine.request import EngineRequest, Sequence
+from worker.engine.resume import resume_text_state
+from worker.engine.scheduler import Scheduler
+
+
+class _TextState:
+    """Per-request text: the incremental detokenizer and the stop-string matcher."""
+
+    def __init__(self, engine: Engine, seq: Sequence) -> None:
+        req = seq.request
+        self.detokenizer, self.stop = resume_text_state(
+            engine.tokenizer,
+            req.prompt_token_ids,
+            req.output_token_ids,
+            req.output_text,
+            seq.sampling.stop,
+        )
+
+
+class Engine:
+    """Continuous batching over a transformers causal LM; see the package docs."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.runner = ModelRunner(config, _resolve(config.model))
+        self.tokenizer = self.runner.tokenizer
+        num_blocks = self._num_kv_blocks()
+        self.kv_cache = KVCacheManager(num_blocks, config.kv_block_size, config.max_num_seqs)
+        self.max_model_len = min(self.runner.max_model_len, self.kv_cache.max_num_tokens_per_seq)
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.prefill_chunk_tokens,
+            config.aging_interval_s if config.enable_aging else None,
+            min_prefix_reuse_tokens=config.min_prefix_reuse_tokens,
+            ttft_priority=config.ttft_priority,
+        )
+        self._seq_numbers = itertools.count()
+        self._text: dict[str, _TextState] = {}
+        self._pending_finish: dict[str, tuple[Sequence, FinishReason]] = {}
+
+    @property
+    def kv_cache_budget_bytes(self) -> int:
+        return self.kv_cache.num_blocks * self.kv_cache.block_size * self.runner.kv_bytes_per_token
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(prompt)
+        return ids
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        encoded: Any = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        ids: list[int] = list(encoded["input_ids"])
+        return ids
+
+    def add_request(self, req: EngineRequest) -> None:
+        """Queue ``req`` for the next steps; raises ``ValueError`` when it cannot run."""
+        self._validate(req)
+        seq = Sequence.from_request(req, next(self._seq_numbers))
+        self._text[req.request_id] = _TextState(self, seq)
+        self.scheduler.add(seq)
+        if seq.num_output_tokens >= req.sampling.max_tokens:
+            self._pending_finish[req.request_id] = (seq, FinishReason.LENGTH)
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        """Finish ``request_id`` at the next step with ``reason`` and no more tokens."""
+        seq = self.scheduler.get(request_id)
+        if seq is not None:
+            self._pending_finish[request_id] = (seq, reason)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def num_free_slots(self) -> int:
+        """How many more requests to claim now: free batch rows plus a small
+        look-ahead, so a more urgent request can wait here and preempt."""
+        num_held = len(self.scheduler.running) + len(self.scheduler.waiting)
+        capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
+        return max(0, capacity - num_held)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._finish_cancelled()
+        if not self.scheduler.has_unfinished():
+            return outputs
+        sched_out = self.scheduler.schedule()
+        if not sched_out.scheduled:
+            return outputs
+        runner_out = self.runner.execute(sched_out)
+        self.scheduler.update_from_output(sched_out, runner_out)
+        return outputs + self._postprocess(sched_out, runner_out)
+
+    @property
+    def device(self) -> str:
+        """Where the model runs ("cpu", "cuda:0", ...), for the worker registry."""
+        return str(self.runner.device)
+
+    def stats(self) -> dict[str, float]:
+        """Figures for the worker's metrics and registry entry."""
+        kv = self.kv_cache
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_cache_usage": 1 - kv.num_free_blocks / max(kv.num_blocks, 1),
+            "preemptions": self.scheduler.num_preemptions,
+        }
+
+    def generate(self, requests: list[EngineRequest]) -> dict[str, list[RequestOutput]]:
+        """Run ``requests`` to completion; every output of each, in order."""
+        results: dict[str, list[RequestOutput]] = {r.request_id: [] for r in requests}
+        for req in requests:
+            self.add_request(req)
+        while self.has_unfinished_requests():
+            for output in self.step():
+                results[output.request_id].append(output)
+        return results
+
+    def _validate(self, req: EngineRequest) -> None:
+        if not req.prompt_token_ids:
+            raise ValueError(f"request {req.request_id}: the prompt has no tokens")
+        if req.request_id in self._text:
+            raise ValueError(f"request {req.request_id} is already in the engine")
+        num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
+        if num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {req.request_id}: {num_tokens} prompt tokens leave no room to "
+                f"generate within this engine's context of {self.max_model_len} tokens; "
+                "shorten the prompt"
+            )
+
+    def _finish_cancelled(self) -> list[RequestOutput]:
+        now = time.time()
+        for seq in (*self.scheduler.running, *self.scheduler.waiting):
+            deadline = seq.request.deadline_unix_s
+            if deadline is not None and deadline <= now:
+                self._pending_finish.setdefault(seq.request_id, (seq, FinishReason.TIMEOUT))
+        outputs = [self._finish(seq, reason) for seq, reason in self._pending_finish.values()]
+        self._pending_finish.clear()
+        return outputs
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> RequestOutput:
+        self.scheduler.finish(seq, reason)
+        self._text.pop(seq.request_id, None)
+        return RequestOutput(
+            seq.request_id,
+            seq.num_output_tokens,
+            [],
+            "",
+            reason,
+            None,
+            seq.num_prompt_tokens,
+            seq.num_output_tokens,
+        )
+
+    def _postprocess(
+        self, sched_out: SchedulerOutput, runner_out: RunnerOutput
+    ) -> list[RequestOutput]:
+        outputs = []
+        for item, logprobs in zip(sched_out.sampled, runner_out.logprobs, strict=True):
+            outputs.append(self._new_token_output(item.seq, logprobs))
+        return outputs
+
+    def _new_token_output(self, seq: Sequence, logprobs: dict[str, Any] | None) -> RequestOutput:
+        token_id = seq.token_ids[-1]
+        params = seq.sampling
+        reason = self._token_finish_reason(seq, token_id)
+        state = self._text[seq.request_id]
+        delta = "" if reason is not None else state.detokenizer.add([token_id])
+        can_stop = seq.num_output_tokens >= params.min_tokens
+        text, stopped = state.stop.add(delta, can_stop)
+        if stopped:
+            reason = FinishReason.STOP
+        elif reason is None and self._at_length(seq):
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            text += "" if stopped else state.stop.flush()
+            self.scheduler.finish(seq, reason)
+            self._text.pop(seq.request_id, None)
+        return RequestOutput(
+            seq.request_id,
+            seq.num_output_tokens - 1,
+            [token_id],
+            text,
+            reason,
+            [logprobs] if logprobs is not None else None,
+            seq.num_prompt_tokens,
+            seq.num_output_tokens,
+        )
+
+    def _token_finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params = seq.sampling
+        if token_id in params.stop_token_ids:
+            return FinishReason.STOP
+        if not params.ignore_eos and token_id in self.runner.eos_token_ids:
+            return FinishReason.STOP
+        return None
+
+    def _at_length(self, seq: Sequence) -> bool:
+        return (
+            seq.num_output_tokens >= seq.sampling.max_tokens or seq.num_tokens >= self.max_model_len
+        )
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.kv_cache_mib is not None:
+            budget_bytes = self.config.kv_cache_mib << 20
+        else:
+            budget_bytes = int(self.runner.num_free_bytes() * self.config.kv_cache_share)
+        block_bytes = self.config.kv_block_size * self.runner.kv_bytes_per_token
+        return max(1, budget_bytes // block_bytes)
+
+
+def _resolve(model: str) -> str | Path:
+    try:
+        from worker.model_store import resolve_model
+    except ImportError:
+        return model
+    return resolve_model(model)

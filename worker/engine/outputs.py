@@ -1,0 +1,84 @@
+"""The plain dataclasses the engine's parts exchange."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.models import FinishReason
+from worker.engine.request import Sequence
+
+
+@dataclass
+class ScheduledSeq:
+    """``num_tokens`` tokens of ``seq`` to compute this step, from ``start_pos`` on.
+
+    ``sample`` is set when the chunk reaches the sequence's end, so that the step
+    yields its next token.
+    """
+
+    seq: Sequence
+    start_pos: int
+    num_tokens: int
+    sample: bool
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start_pos : self.start_pos + self.num_tokens]
+
+    @property
+    def slot(self) -> int:
+        if self.seq.slot is None:
+            raise RuntimeError(f"request {self.seq.request_id} is scheduled without a slot")
+        return self.seq.slot
+
+
+@dataclass
+class KVCopy:
+    """Copy the first ``num_tokens`` cached tokens of one slot to another before the
+    step runs: a shared prompt prefix that need not be computed again."""
+
+    src_slot: int
+    dst_slot: int
+    num_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    kv_copies: list[KVCopy] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def sampled(self) -> list[ScheduledSeq]:
+        return [s for s in self.scheduled if s.sample]
+
+
+@dataclass
+class RunnerOutput:
+    """One new token per sampled sequence, in the order of ``SchedulerOutput.sampled``."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any] | None] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request (see the engine's docs)."""
+
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: list[dict[str, Any]] | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,93 @@
+"""A request as the engine sees it, and the scheduler's per-request state."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shared.models import FinishReason, SamplingParams
+
+
+@dataclass
+class EngineRequest:
+    """One generation request handed to :meth:`Engine.add_request`.
+
+    ``output_token_ids`` resumes a request: tokens an earlier worker generated and
+    published; generation continues right after them.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int = 50
+    arrival: float = 0.0
+    output_token_ids: list[int] = field(default_factory=list)
+    deadline_unix_s: float | None = None
+    # RESUME: the text clients already received for output_token_ids (None: all of it).
+    output_text: str | None = None
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Scheduler state of one request: its tokens, how many have KV, where they live."""
+
+    request: EngineRequest
+    seq_no: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    slot: int | None = None
+    num_blocks: int = 0
+    boost: int = 0
+    finish_reason: FinishReason | None = None
+
+    @classmethod
+    def from_request(cls, request: EngineRequest, seq_no: int) -> Sequence:
+        tokens = [*request.prompt_token_ids, *request.output_token_ids]
+        return cls(request, seq_no, tokens, len(request.prompt_token_ids))
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority + self.boost
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def __lt__(self, other: Sequence) -> bool:
+        """The one priority order: more urgent first, then earlier arrival, then add order.
+
+        Scheduling takes the smallest first; the preemption victim is the largest.
+        """
+        return (-self.priority, self.request.arrival, self.seq_no) < (
+            -other.priority,
+            other.request.arrival,
+            other.seq_no,
+        )

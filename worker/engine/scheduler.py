@@ -1,0 +1,231 @@
+"""Which tokens of which requests run each step. Pure Python: no torch, no Redis.
+
+Each step spends a token budget: running requests first, in priority order (one
+token each while decoding, a chunk while prefilling), then waiting requests in
+priority order while slots, budget and KV blocks last. When the KV cache cannot
+hold a running request's next tokens, the least urgent running request (by
+``Sequence.__lt__``) is preempted: its cache is freed and it is recomputed later
+from its tokens, so it resumes without losing or repeating one. A waiting request
+more urgent than the least urgent running one preempts it when the batch is full.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from shared.models import FinishReason
+from shared.priority import MAX_PRIORITY
+from worker.engine.kv_cache import KVCacheManager
+from worker.engine.outputs import KVCopy, RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.request import SeqStatus, Sequence
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefill_chunk_tokens: int | None = None,
+        aging_interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        min_prefix_reuse_tokens: int | None = 8,
+        ttft_priority: int | None = None,
+    ) -> None:
+        self.kv_cache = kv_cache
+        self.max_num_seqs = min(max_num_seqs, kv_cache.num_slots)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.aging_interval_s = aging_interval_s
+        self.clock = clock
+        self.min_prefix_reuse_tokens = min_prefix_reuse_tokens
+        self.ttft_priority = ttft_priority
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self._waiting_since: dict[int, float] = {}
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self._make_waiting(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get(self, request_id: str) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._age_waiting()
+        self.waiting.sort()
+        self.running.sort()
+        self._preempt_for_waiting(out)
+        if self._urgent_waiting():
+            # The urgent requests' prefills run in a short step of their own, so
+            # their first token does not wait for a whole batch of decodes.
+            self._schedule_waiting(out, self.max_num_batched_tokens, self.ttft_priority)
+            if out.scheduled:
+                return out
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        self._schedule_waiting(out, budget)
+        return out
+
+    def _urgent_waiting(self) -> bool:
+        return (
+            self.ttft_priority is not None
+            and bool(self.running)
+            and bool(self.waiting)
+            and self.waiting[0].priority >= self.ttft_priority
+        )
+
+    def update_from_output(self, out: SchedulerOutput, runner_out: RunnerOutput) -> None:
+        """Advance the computed counts and append each sampled token."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens = item.start_pos + item.num_tokens
+        for item, token_id in zip(out.sampled, runner_out.token_ids, strict=True):
+            item.seq.token_ids.append(token_id)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Take ``seq`` out of the batch (or the waiting line) and free its cache."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+            self._waiting_since.pop(seq.seq_no, None)
+        self.kv_cache.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.running):
+            if budget == 0 or seq.status is not SeqStatus.RUNNING:
+                break
+            num_tokens = self._reserve(seq, budget, out)
+            if num_tokens:
+                out.scheduled.append(self._item(seq, num_tokens))
+                budget -= num_tokens
+        return budget
+
+    def _reserve(self, seq: Sequence, budget: int, out: SchedulerOutput) -> int:
+        """Allocate this step's chunk of a running ``seq``, preempting less urgent
+        requests (or ``seq`` itself, when it is the least urgent) until it fits."""
+        num_tokens = self._chunk_size(seq, budget)
+        while self.kv_cache.allocate(seq, num_tokens) is None:
+            num_fitting = self._num_fitting_tokens(seq)
+            if 0 < num_fitting < num_tokens:
+                # A prefill chunk shrinks to what fits before anyone is preempted.
+                num_tokens = num_fitting
+                continue
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return 0
+        return num_tokens
+
+    def _schedule_waiting(
+        self, out: SchedulerOutput, budget: int, min_priority: int | None = None
+    ) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._fits_whole(seq) or seq.priority < (min_priority or 0):
+                return
+            self.waiting.pop(0)
+            self._waiting_since.pop(seq.seq_no, None)
+            budget -= self._admit(seq, budget, out)
+
+    def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> int:
+        source = self._find_shared_prefix(seq)
+        if source is not None:
+            seq.num_computed_tokens = source[1]
+        num_tokens = self._chunk_size(seq, budget)
+        slot = self.kv_cache.allocate(seq, num_tokens)
+        if slot is None:
+            raise RuntimeError(f"request {seq.request_id} was admitted without room")
+        if source is not None and source[0].slot is not None:
+            out.kv_copies.append(KVCopy(source[0].slot, slot, source[1]))
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        out.scheduled.append(self._item(seq, num_tokens))
+        return num_tokens
+
+    def _find_shared_prefix(self, seq: Sequence) -> tuple[Sequence, int] | None:
+        """The running request whose cached tokens share the longest prefix with
+        ``seq`` (a chat template's system prompt, say), and that length: the runner
+        copies those keys and values instead of computing them again. One token is
+        always left to compute, for the logits."""
+        if self.min_prefix_reuse_tokens is None or seq.num_computed_tokens:
+            return None
+        best: tuple[Sequence, int] | None = None
+        limit = seq.num_tokens - 1
+        for src in self.running:
+            num_shared = _common_prefix_len(
+                seq.token_ids, src.token_ids, min(limit, src.num_computed_tokens)
+            )
+            if num_shared >= self.min_prefix_reuse_tokens and (
+                best is None or num_shared > best[1]
+            ):
+                best = (src, num_shared)
+        return best
+
+    def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
+        while self.waiting and self.running:
+            head, victim = self.waiting[0], self.running[-1]
+            if head.priority <= victim.priority:
+                return
+            if len(self.running) < self.max_num_seqs and self._fits_whole(head):
+                return
+            self._preempt(victim, out)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.kv_cache.free(seq)
+        seq.num_computed_tokens = 0
+        self._make_waiting(seq)
+        self.waiting.sort()
+        out.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def _make_waiting(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+        self._waiting_since[seq.seq_no] = self.clock()
+
+    def _fits_whole(self, seq: Sequence) -> bool:
+        """Room for all of a waiting request's tokens and its next one, so that
+        admitting it does not straight away force a preemption."""
+        return self.kv_cache.can_allocate(seq, seq.num_uncomputed_tokens + 1)
+
+    def _num_fitting_tokens(self, seq: Sequence) -> int:
+        num_blocks = seq.num_blocks + self.kv_cache.num_free_blocks
+        return num_blocks * self.kv_cache.block_size - seq.num_computed_tokens
+
+    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+        limit = self.prefill_chunk_tokens or budget
+        return min(seq.num_uncomputed_tokens, budget, limit)
+
+    @staticmethod
+    def _item(seq: Sequence, num_tokens: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        return ScheduledSeq(seq, start, num_tokens, start + num_tokens == seq.num_tokens)
+
+    def _age_waiting(self) -> None:
+        """Aging: a waiting request gains a priority point per ``aging_interval_s``."""
+        if self.aging_interval_s is None:
+            return
+        now = self.clock()
+        for seq in self.waiting:
+            waited_s = now - self._waiting_since.get(seq.seq_no, now)
+            earned = int(waited_s / self.aging_interval_s)
+            seq.boost = max(seq.boost, min(earned, MAX_PRIORITY - seq.request.priority))
+
+
+def _common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
