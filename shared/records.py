@@ -47,7 +47,7 @@ def status_from_hash(request_id: str, h: dict[str, str], position: int | None) -
         id=request_id,
         model=h.get("model", ""),
         state=RequestState(h["state"]),
-        priority=int(h["priority"]),
+        priority=int(h.get("priority", 0)),
         attempts=int(h.get("attempts", 0)),
         position=position,
         worker=h.get("worker"),

@@ -172,3 +172,12 @@ def test_one_publish_call_serves_a_whole_step_with_a_code_per_request(client: Cl
     assert list(codes) == [1, 0, 1, 3]
     by_id = {h.id: h for h in handles}
     assert [by_id[c.request_id].status().num_generated for c in claimed] == [1, 0, 1]
+
+
+def test_a_request_written_by_hand_without_fields_still_has_a_readable_status(
+    client: Client,
+) -> None:
+    rid = client.handle(f"{TAG}-{'a' * 24}").id
+    client.redis.hset(Keys().request(rid), mapping={"state": "dead"})
+    status = client.handle(rid).status()
+    assert (status.state, status.priority, status.model) == (RequestState.DEAD, 0, "")
