@@ -148,9 +148,9 @@ def measure(n: int, url: str, step_ms: int, batch: int, window_s: float) -> Figu
             w.wait(timeout=120)
     tokens = counter.finished * MAX_TOKENS
     per_token = max(tokens, 1)
-    return Figures(
-        n, tokens / window_s, (commands1 - commands0) / per_token, (cpu1 - cpu0) * 1e6 / per_token
-    )
+    cpu_s = cpu1 - cpu0
+    commands = (commands1 - commands0) / per_token
+    return Figures(n, tokens / window_s, commands, cpu_s * 1e6 / per_token, cpu_s / window_s)
 
 
 def main() -> None:
