@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated
 
-import redis
 import typer
 from rich.console import Console
 
 from producer.admin import Admin
 from producer.batch.cli import batch_app
-from producer.cli_options import RedisOpt, settings_for
+from producer.cli_options import RedisOpt, cli_errors, settings_for
 from producer.client import Client, Handle
 from producer.dashboard.cli import dashboard
 from producer.gateway.cli import gateway
-from shared.errors import TokenqError
 from shared.models import FinalEvent, TokenEvent
 from shared.settings import DEFAULT_MODEL
 
@@ -88,7 +84,7 @@ def submit(
     stream: Annotated[bool, typer.Option(help="print tokens as they arrive")] = False,
 ) -> None:
     """Submit PROMPT and print the answer."""
-    with _errors(), _client(redis_url) as client:
+    with cli_errors(console), _client(redis_url) as client:
         text = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
         handle = client.submit(
             **text, model=model, priority=priority, max_tokens=max_tokens, temperature=temperature
@@ -111,21 +107,21 @@ def _client(redis_url: str | None) -> Client:
 @app.command()
 def cancel(request_id: str, redis_url: RedisOpt = None) -> None:
     """Cancel a request: removed at once if queued, stopped within a step if running."""
-    with _errors(), _client(redis_url) as client:
+    with cli_errors(console), _client(redis_url) as client:
         print(client.handle(request_id).cancel())
 
 
 @app.command()
 def status(request_id: str, redis_url: RedisOpt = None) -> None:
     """Print a request's status as JSON."""
-    with _errors(), _client(redis_url) as client:
+    with cli_errors(console), _client(redis_url) as client:
         print(client.handle(request_id).status().model_dump_json(indent=2))
 
 
 @dead_app.command("list")
 def dead_list(redis_url: RedisOpt = None, limit: int = 100) -> None:
     """List dead-lettered requests with their reasons."""
-    with _errors(), _client(redis_url) as client:
+    with cli_errors(console), _client(redis_url) as client:
         entries = Admin(client).dead(limit)
         for e in entries:
             print(f"{e.request_id}  {e.model}  {e.reason}")
@@ -135,7 +131,7 @@ def dead_list(redis_url: RedisOpt = None, limit: int = 100) -> None:
 @dead_app.command("retry")
 def dead_retry(request_id: str, redis_url: RedisOpt = None) -> None:
     """Queue a dead-lettered request again, from the start."""
-    with _errors(), _client(redis_url) as client:
+    with cli_errors(console), _client(redis_url) as client:
         if not Admin(client).retry(request_id):
             console.print(f"[red]error:[/] {request_id} is not in the dead-letter set")
             raise typer.Exit(1)
@@ -145,18 +141,8 @@ def dead_retry(request_id: str, redis_url: RedisOpt = None) -> None:
 @dead_app.command("purge")
 def dead_purge(redis_url: RedisOpt = None) -> None:
     """Delete every dead-lettered request."""
-    with _errors(), _client(redis_url) as client:
+    with cli_errors(console), _client(redis_url) as client:
         print(f"purged {Admin(client).purge()} request(s)")
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Turn tokenq and connection errors into one red line and exit code 1."""
-    try:
-        yield
-    except (TokenqError, redis.ConnectionError) as e:
-        console.print(f"[red]error:[/] {e}")
-        raise typer.Exit(1) from e
 
 
 def _print_stream(handle: Handle) -> None:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
+import redis
 import typer
+from rich.console import Console
 
 from producer.embedded import up_state_file
+from shared.errors import TokenqError
 from shared.settings import Settings
 
 RedisOpt = Annotated[
@@ -29,3 +34,13 @@ def settings_for(redis_url: str | None) -> Settings:
     if state.exists():
         return Settings(redis_url=state.read_text().strip())
     return env
+
+
+@contextmanager
+def cli_errors(console: Console) -> Iterator[None]:
+    """Turn tokenq and connection errors into one red line and exit code 1."""
+    try:
+        yield
+    except (TokenqError, redis.ConnectionError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from e

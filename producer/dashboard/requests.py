@@ -14,25 +14,11 @@ from producer.dashboard.values import int_or_none, text
 from shared.errors import NotFound
 from shared.keys import Keys, tag_of
 from shared.priority import priority_name
+from shared.records import STATUS_FIELDS
 
 ListKind = Literal["running", "queued", "recent", "failed", "dead"]
 LIST_KINDS: tuple[ListKind, ...] = ("running", "queued", "recent", "failed", "dead")
-ROW_FIELDS = (
-    "model",
-    "state",
-    "priority",
-    "attempts",
-    "worker",
-    "num_generated",
-    "created_ms",
-    "started_ms",
-    "first_token_ms",
-    "finished_ms",
-    "deadline_ms",
-    "finish_reason",
-    "dead_reason",
-    "cancel",
-)
+ROW_FIELDS = (*STATUS_FIELDS, "dead_reason")
 DETAIL_FIELDS = (*ROW_FIELDS, "payload", "final")
 MAX_PROMPT_CHARS = 4000
 MAX_MESSAGES = 50
