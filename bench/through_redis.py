@@ -5,7 +5,7 @@ request of the workload submitted at once with `producer.Client.submit_many`;
 timing runs from the first submit to the last final event. The same requests then
 (or first) run in process on the engine alone, with the same engine settings.
 
-    python bench/worker.py [--workload ../shared/workloads/mixed200.jsonl]
+    python bench/through_redis.py [--workload ../shared/workloads/mixed200.jsonl]
 """
 
 from __future__ import annotations
