@@ -50,6 +50,20 @@ class SamplingParams(_Strict):
         return self.temperature == 0.0
 
 
+# SamplingParams fields an OpenAI-style body (gateway, batch lines) carries under the
+# same name; max_tokens, stop and logprobs need mapping and are handled apart.
+OPENAI_PASSTHROUGH_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_tokens",
+    "repetition_penalty",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+)
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(max_length=1_000_000)

@@ -16,21 +16,11 @@ import orjson
 
 from producer.requests import validate_request
 from shared.errors import InvalidRequest
-from shared.models import MAX_METADATA_ITEMS, GenerationRequest
+from shared.models import MAX_METADATA_ITEMS, OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
 from shared.settings import Settings
 
 Kind = Literal["chat", "completion"]
 URL_KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-SAMPLING = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_tokens",
-    "repetition_penalty",
-    "seed",
-    "stop_token_ids",
-    "ignore_eos",
-)
 # OpenAI fields that are accepted only at the value that changes nothing.
 NEUTRAL = {
     "n": 1,
@@ -48,7 +38,7 @@ KNOWN = {
     "max_completion_tokens",
     "stop",
     "metadata",
-    *SAMPLING,
+    *OPENAI_PASSTHROUGH_SAMPLING,
     *NEUTRAL,
     *IGNORED,
 }
@@ -184,7 +174,9 @@ def _kind(data: dict[str, Any], body: dict[str, Any]) -> Kind:
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
-    values = {name: body[name] for name in SAMPLING if body.get(name) is not None}
+    values = {
+        name: body[name] for name in OPENAI_PASSTHROUGH_SAMPLING if body.get(name) is not None
+    }
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         values["max_tokens"] = max_tokens

@@ -17,18 +17,7 @@ from producer.gateway.openai_schemas import (
     CompletionRequest,
     GenerationBody,
 )
-from shared.models import GenerationRequest
-
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_tokens",
-    "repetition_penalty",
-    "seed",
-    "stop_token_ids",
-    "ignore_eos",
-)
+from shared.models import OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
 
 
 def chat_request(body: ChatCompletionRequest, caller: Principal) -> GenerationRequest:
@@ -85,7 +74,7 @@ def _prompt(prompt: str | list[str]) -> str:
 
 
 def _sampling(body: GenerationBody, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
-    values: dict[str, Any] = {name: getattr(body, name) for name in SAMPLING_FIELDS}
+    values: dict[str, Any] = {name: getattr(body, name) for name in OPENAI_PASSTHROUGH_SAMPLING}
     values["max_tokens"] = max_tokens
     values["logprobs"] = logprobs
     values["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
