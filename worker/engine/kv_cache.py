@@ -54,6 +54,20 @@ class KVCacheManager:
             seq.slot = heapq.heappop(self._free_slots)
         return seq.slot
 
+    def compact(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, int]]:
+        """Move the sequences in the highest slots down into free lower ones, so that
+        the busy rows stay packed at the front however requests finish; a decode step
+        then reads only as many rows as it has requests. Returns each moved sequence
+        with the slot it left and the one it took (its keys and values must follow)."""
+        moves: list[tuple[Sequence, int, int]] = []
+        for seq in sorted(seqs, key=lambda s: -1 if s.slot is None else s.slot, reverse=True):
+            if seq.slot is None or not self._free_slots or self._free_slots[0] > seq.slot:
+                break
+            old = seq.slot
+            seq.slot = heapq.heapreplace(self._free_slots, old)
+            moves.append((seq, old, seq.slot))
+        return moves
+
     def free(self, seq: Sequence) -> None:
         self.num_free_blocks += seq.num_blocks
         seq.num_blocks = 0

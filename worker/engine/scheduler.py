@@ -7,6 +7,9 @@ hold a running request's next tokens, the least urgent running request (by
 ``Sequence.__lt__``) is preempted: its cache is freed and it is recomputed later
 from its tokens, so it resumes without losing or repeating one. A waiting request
 more urgent than the least urgent running one preempts it when the batch is full.
+After each step is planned, running requests in the highest slots move into the
+holes that finished ones left (their cached keys and values copied first), so a
+decode step reads as many cache rows as it has requests.
 """
 
 from __future__ import annotations
@@ -69,9 +72,18 @@ class Scheduler:
             # their first token does not wait for a whole batch of decodes.
             self._schedule_waiting(out, self.max_num_batched_tokens, self.ttft_priority)
             if out.scheduled:
-                return out
+                return self._compact(out)
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         self._schedule_waiting(out, budget)
+        return self._compact(out)
+
+    def _compact(self, out: SchedulerOutput) -> SchedulerOutput:
+        """Packs the running requests into the lowest slots (see
+        ``KVCacheManager.compact``); each move copies the keys and values computed so
+        far, after any prefix copy of this step that reads the old slot."""
+        for seq, old_slot, new_slot in self.kv_cache.compact(self.running):
+            if seq.num_computed_tokens:
+                out.kv_copies.append(KVCopy(old_slot, new_slot, seq.num_computed_tokens))
         return out
 
     def _urgent_waiting(self) -> bool:

@@ -44,3 +44,18 @@ def test_free_returns_blocks_and_the_slot() -> None:
     kv_cache.free(a)
     assert kv_cache.num_free_blocks == 9 and a.slot is None and a.num_blocks == 0
     assert kv_cache.allocate(make_seq(4, 2), 4) == 0
+
+
+def test_compact_moves_the_highest_slots_into_the_lowest_holes() -> None:
+    kv_cache = KVCacheManager(num_blocks=20, block_size=4, num_slots=5)
+    seqs = [make_seq(4, n) for n in range(5)]
+    for seq in seqs:
+        kv_cache.allocate(seq, 4)
+    kv_cache.free(seqs[0])
+    kv_cache.free(seqs[2])
+    running = [seqs[1], seqs[3], seqs[4]]
+    moves = kv_cache.compact(running)
+    assert [(seq.request_id, old, new) for seq, old, new in moves] == [("r4", 4, 0), ("r3", 3, 2)]
+    assert sorted(seq.slot for seq in running) == [0, 1, 2]
+    assert kv_cache.compact(running) == []
+    assert kv_cache.allocate(make_seq(4, 5), 4) == 3

@@ -251,3 +251,20 @@ def test_an_urgent_request_gets_its_prefill_in_a_step_of_its_own() -> None:
         ("normal", 3, 1, True),
         ("high", 0, 4, True),
     ]
+
+
+def test_a_finished_request_leaves_no_hole_in_the_batch() -> None:
+    scheduler = make_scheduler()
+    seqs = [make_seq(5, rid=rid) for rid in "abcd"]
+    for seq in seqs:
+        scheduler.add(seq)
+    run_step(scheduler)
+    run_step(scheduler)
+    scheduler.finish(seqs[0], FinishReason.STOP)
+    out = run_step(scheduler)
+    [copy] = out.kv_copies
+    # "d" held the last row: it moves into "a"'s, taking the 6 tokens it has cached,
+    # so the step reads rows 0-2 only.
+    assert (copy.src_slot, copy.dst_slot, copy.num_tokens) == (3, 0, 6)
+    assert [seq.slot for seq in seqs[1:]] == [1, 2, 0]
+    assert plan(out) == [("b", 6, 1, True), ("c", 6, 1, True), ("d", 6, 1, True)]
