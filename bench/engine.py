@@ -4,9 +4,10 @@
     python bench/engine.py --quick     # mixed32, static-32 peer only
 
 Figures are useful new tokens per second (each request's own budget, ``ignore_eos``,
-greedy, fp32) over the whole workload, every request submitted at once. The peers
-run in the same process right after the engine, so compare ratios, not absolutes
-across runs (the machine is shared and noisy).
+greedy; fp32 on the CPU, bf16 on CUDA) over the whole workload, every request
+submitted at once. The peers run in the same process right after the engine, on
+the same device, so compare ratios, not absolutes across runs (the machine is
+shared and noisy).
 """
 
 from __future__ import annotations
@@ -118,13 +119,14 @@ def static_batches(model: Any, items: list[Item], batch_size: int) -> float:
         mask = [[0] * (width - len(it.prompt_ids)) + [1] * len(it.prompt_ids) for it in batch]
         with torch.inference_mode():
             model.generate(
-                input_ids=torch.tensor(ids),
-                attention_mask=torch.tensor(mask),
+                input_ids=torch.tensor(ids, device=model.device),
+                attention_mask=torch.tensor(mask, device=model.device),
                 do_sample=False,
                 eos_token_id=None,
                 pad_token_id=pad,
                 max_new_tokens=max(it.max_tokens for it in batch),
             )
+    synchronize(model)
     return sum(it.max_tokens for it in items) / (time.perf_counter() - start)
 
 
@@ -156,14 +158,22 @@ def raw_ceiling(model: Any, batch_size: int, context: int = 128, steps: int = 16
     """A batched decode forward over a ~128-token cache with nothing around it."""
     from transformers import DynamicCache
 
-    ids = torch.randint(100, 1000, (batch_size, context))
+    ids = torch.randint(100, 1000, (batch_size, context), device=model.device)
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
         model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        synchronize(model)
         start = time.perf_counter()
         for _ in range(steps):
             model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        synchronize(model)
         return batch_size * steps / (time.perf_counter() - start)
+
+
+def synchronize(model: Any) -> None:
+    """Wait for the GPU's queued work, so that a timer reads finished work."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
 
 
 def report_engine(engine: Engine, items: list[Item]) -> float:
@@ -183,6 +193,9 @@ def report_engine(engine: Engine, items: list[Item]) -> float:
         f"({engine.kv_cache.num_blocks} blocks of {engine.kv_cache.block_size} tokens), "
         f"tensors allocated {engine.runner.kv_cache_bytes >> 20} MiB"
     )
+    if engine.runner.device.type == "cuda":
+        peak_mib = torch.cuda.max_memory_allocated(engine.runner.device) >> 20
+        print(f"  peak GPU memory allocated {peak_mib} MiB ({torch.cuda.get_device_name()})")
     return tps
 
 
@@ -223,6 +236,8 @@ def main() -> None:
     engine = Engine(
         EngineConfig(
             model=args.model,
+            device=args.device,
+            dtype=args.dtype,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.threads,
@@ -233,6 +248,7 @@ def main() -> None:
         f"{Path(args.workload).name}: {len(items)} requests, "
         f"{sum(it.max_tokens for it in items)} new tokens, "
         f"{sum(len(it.prompt_ids) for it in items)} prompt tokens; "
+        f"{engine.runner.device} {str(engine.runner.dtype).removeprefix('torch.')}, "
         f"torch threads {torch.get_num_threads()}"
     )
     engine_tps = report_engine(engine, items)
@@ -251,6 +267,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workload", default=None, help="a jsonl workload (default mixed200)")
     parser.add_argument("--quick", action="store_true", help="mixed32, static-32 peer only")
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: cuda if any)")
+    parser.add_argument("--dtype", default="auto", help="auto: fp32 on the CPU, bf16 on CUDA")
     parser.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from worker.engine.attention import ATTN_IMPLEMENTATION, PrefillChunk, StepBatch
@@ -56,6 +57,11 @@ class ModelRunner:
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
         self.num_slots = config.max_num_seqs
         self.sampler = Sampler(self.device)
+        # cuDNN's attention builds a plan for each new shape, milliseconds of CPU
+        # time, and a step's context lengths are new every step.
+        self._sdpa_backends = [
+            SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
+        ]  # fmt: skip
         self.key_cache: list[torch.Tensor] = []
         self.value_cache: list[torch.Tensor] = []
         self.cache_capacity = 0
@@ -80,7 +86,7 @@ class ModelRunner:
         self._ensure_capacity(max(s.start_pos + s.num_tokens for s in out.scheduled))
         self._copy_prefixes(out.kv_copies)
         input_ids, positions, logits_index, batch = self._prepare(out.scheduled)
-        with torch.inference_mode():
+        with torch.inference_mode(), sdpa_kernel(self._sdpa_backends):
             logits = self._forward(input_ids, positions, logits_index, batch)
             rows = [self._sampling_row(item) for item in out.sampled]
             token_ids, logprobs = self.sampler(logits, rows)
@@ -138,6 +144,11 @@ class ModelRunner:
             row_lens[slot] = length
         positions = torch.arange(max(lens), device=self.device)
         mask = positions[None, :] < self._tensor(row_lens)[:, None]
+        if self.device.type == "cuda":
+            # An additive mask, made once for every layer: with a boolean one each
+            # layer's kernel converts it again.
+            bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+            return bias.masked_fill_(~mask, float("-inf"))[:, None, None, :]
         return mask[:, None, None, :]
 
     def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:

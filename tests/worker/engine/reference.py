@@ -19,9 +19,14 @@ class Reference:
     top2: list[tuple[int, float, int, float]]
 
 
-def greedy_references(model_path: str, rows: list[dict[str, Any]]) -> list[Reference]:
+def greedy_references(
+    model_path: str,
+    rows: list[dict[str, Any]],
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> list[Reference]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
     return [_reference(model, tokenizer, row) for row in rows]
 
 
@@ -40,8 +45,8 @@ def _reference(model: Any, tokenizer: Any, row: dict[str, Any]) -> Reference:
     )
     with torch.inference_mode():
         out = model.generate(
-            input_ids=torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            input_ids=torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             generation_config=config,
         )
     tokens = out.sequences[0, len(prompt) :].tolist()
