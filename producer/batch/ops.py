@@ -110,7 +110,15 @@ def _jsonl(source: Source) -> str | bytes:
             raise BatchInputError([f"cannot read {source}: {e.strerror}"]) from e
     if isinstance(source, str | bytes):
         return source
-    return b"\n".join(orjson.dumps(dict(line)) for line in source)
+    encoded, problems = [], []
+    for number, line in enumerate(source, 1):
+        try:
+            encoded.append(orjson.dumps(dict(line)))
+        except TypeError as e:  # orjson's JSONEncodeError: a value JSON cannot carry
+            problems.append(f"line {number}: {e}")
+    if problems:
+        raise BatchInputError(problems)
+    return b"\n".join(encoded)
 
 
 def _priority(value: int | str) -> int:

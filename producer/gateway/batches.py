@@ -53,7 +53,7 @@ async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 @router.post(
-    "", status_code=201, response_model=BatchStatus, responses=error_responses(400, 403, 503)
+    "", status_code=201, response_model=BatchStatus, responses=error_responses(400, 401, 403, 503)
 )
 async def create_batch(
     body: Annotated[BatchCreate, Body()], batches: BatchesDep, caller: Caller
@@ -70,30 +70,32 @@ async def create_batch(
     return await _run(batches.status, batch_id)
 
 
-@router.get("", response_model=list[BatchStatus])
+@router.get("", response_model=list[BatchStatus], responses=error_responses(400, 401))
 async def list_batches(batches: BatchesDep, _: Caller, limit: int = 50) -> list[BatchStatus]:
     return await _run(batches.list, max(1, min(limit, 500)))
 
 
-@router.get("/{batch_id}", response_model=BatchStatus, responses=error_responses(400, 404))
+@router.get("/{batch_id}", response_model=BatchStatus, responses=error_responses(400, 401, 404))
 async def get_batch(batch_id: str, batches: BatchesDep, _: Caller) -> BatchStatus:
     return await _run(batches.status, batch_id)
 
 
-@router.post("/{batch_id}/cancel", response_model=BatchStatus, responses=error_responses(400, 404))
+@router.post(
+    "/{batch_id}/cancel", response_model=BatchStatus, responses=error_responses(400, 401, 404)
+)
 async def cancel_batch(batch_id: str, batches: BatchesDep, _: Caller) -> BatchStatus:
     """Stop the batch: queued lines are cancelled; finished lines keep their output."""
     return await _run(batches.cancel, batch_id)
 
 
-@router.get("/{batch_id}/output", response_class=Response, responses=error_responses(400, 404))
+@router.get("/{batch_id}/output", response_class=Response, responses=error_responses(400, 401, 404))
 async def batch_output(batch_id: str, batches: BatchesDep, _: Caller) -> Response:
     """The output JSONL, one line per finished custom_id, in input order."""
     outputs, _errors = await _run(batches.results, batch_id)
     return Response(b"".join(line + b"\n" for line in outputs), media_type=JSONL)
 
 
-@router.get("/{batch_id}/errors", response_class=Response, responses=error_responses(400, 404))
+@router.get("/{batch_id}/errors", response_class=Response, responses=error_responses(400, 401, 404))
 async def batch_errors(batch_id: str, batches: BatchesDep, _: Caller) -> Response:
     """The error JSONL, one line per failed or cancelled custom_id."""
     _outputs, errors = await _run(batches.results, batch_id)

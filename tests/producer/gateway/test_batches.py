@@ -36,6 +36,11 @@ def test_bad_batches_get_clear_errors(gateway: RunningGateway) -> None:
         bad = http.post("/v1/batches", json={"requests": [{"custom_id": "x", "body": {}}]})
         assert bad.status_code == 400
         assert "line 1" in bad.json()["error"]["message"]
+        huge = _lines(2)
+        huge[1]["body"] = {**huge[1]["body"], "seed": 2**64}  # type: ignore[dict-item]
+        too_big = http.post("/v1/batches", json={"requests": huge})
+        assert too_big.status_code == 400, too_big.text
+        assert "line 2: Integer exceeds 64-bit range" in too_big.json()["error"]["message"]
         malformed = http.get("/v1/batches/not-a-batch")
         assert malformed.status_code == 400
         assert "malformed batch id" in malformed.json()["error"]["message"]
