@@ -35,6 +35,7 @@ import redis.asyncio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from producer.embedded import EmbeddedRedis, free_port
+from shared.gc_policy import freeze_startup_objects
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinalEvent, FinishReason, GenerationRequest, dumps
 from shared.registry import mark_served
@@ -47,6 +48,7 @@ from shared.scripts import (
     load_source,
     parse_claim,
     publish_call,
+    renew_call,
 )
 from shared.settings import Settings
 
@@ -125,12 +127,17 @@ async def claim_all(r: redis.asyncio.Redis, b: Bench) -> dict[str, str]:
 
 async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], until: float) -> int:
     """One token per request per step, in one publish call (as a worker's step does),
-    until ``until``; then each request's final event. The event is built by hand (as
-    ``dumps(TokenEvent)`` would) so that the stamp is close to the moment it is sent."""
+    until ``until``, renewing the leases; then each request's final event. The event is
+    built by hand (as ``dumps(TokenEvent)`` would) so that the stamp is close to the moment
+    it is sent."""
     sha = await r.script_load(load_source("publish"))
     interval_s, index = 1.0 / b.tokens_per_s, 0
+    renew_every_s, renewed = b.settings.lease_ms / 3_000, time.monotonic()
     while time.monotonic() < until:
         step_started = time.monotonic()
+        if step_started - renewed > renew_every_s:  # as a worker's heartbeat does
+            await AsyncScripts(r).run(renew_call(b.keys, b.settings, b.tag, held))
+            renewed = step_started
         event = (TOKEN_JSON % (index, index, time.time_ns())).encode()
         step = [TokenPublish(i, token, event, index, 1) for i, token in held.items()]
         call = publish_call(b.keys, step)
@@ -388,6 +395,8 @@ def main() -> None:
             f"{'add p50':>8} {'add p99':>8} {'gw tok/s':>8} {'gw cpu':>7} {'us/tok':>7} "
             f"{'cli cpu':>7} {'samples':>8}"
         )
+        # The load generator's own full collections would stall its readers' stamps.
+        freeze_startup_objects()
         summary(asyncio.run(bench_levels(b, levels)))
     finally:
         proc.terminate()

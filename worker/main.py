@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from shared.gc_policy import freeze_startup_objects
 from shared.keys import Keys
 from shared.registry import mark_served
 from shared.settings import Settings
@@ -75,6 +76,7 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> None:
     heartbeat = start_heartbeat(service, engine)
     readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
     _install_signal_handlers(service)
+    freeze_startup_objects()
     log.info(
         "worker %s serving %r (ready in %.1fs)",
         service.worker_id,

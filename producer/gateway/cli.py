@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import os
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-APP_FACTORY = "producer.gateway.app:create_app"
+APP_FACTORY = "producer.gateway.cli:serving_app"
 
 
 def gateway(
@@ -35,6 +35,7 @@ def gateway(
     from producer.gateway.app import create_app
     from producer.gateway.config import GatewayConfig, load_api_keys
     from shared.errors import InvalidRequest
+    from shared.gc_policy import freeze_startup_objects
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -48,11 +49,23 @@ def gateway(
         uvicorn.run, host=host, port=port, log_level=log_level.lower(), access_log=access_log
     )
     if workers == 1:
-        serve(create_app(settings, config))
+        app = create_app(settings, config)
+        freeze_startup_objects()
+        serve(app)
         return
     # Each worker process builds its own app from the environment, so pass the URL on.
     os.environ["TOKENQ_REDIS_URL"] = settings.redis_url
     serve(APP_FACTORY, factory=True, workers=workers)
+
+
+def serving_app() -> Any:
+    """The app for each of ``--workers`` processes, from the environment."""
+    from producer.gateway.app import create_app
+    from shared.gc_policy import freeze_startup_objects
+
+    app = create_app()
+    freeze_startup_objects()
+    return app
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from shared.models import FinalEvent, TokenEvent
 
 # How ``shared.models.dumps`` writes a TokenEvent: its first field is the type.
 TOKEN_PREFIX = b'{"type":"token"'
+EVENT_FIELD = (b"e", "e")
 
 
 class Entry:
@@ -52,7 +53,7 @@ def parse_entry(entry_id: Any, fields: Any) -> Entry:
     """One XREAD entry (fields as a mapping or Redis's flat list); ValueError (pydantic's
     ValidationError is one) if it is neither a token event nor a valid final event."""
     data = _event_field(fields)
-    entry_text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    entry_text = entry_id if isinstance(entry_id, str) else entry_id.decode()
     if data.startswith(TOKEN_PREFIX):
         return Entry(entry_text, data, None)
     parsed = _object(orjson.loads(data))
@@ -64,9 +65,13 @@ def parse_entry(entry_id: Any, fields: Any) -> Entry:
 
 
 def _event_field(fields: Any) -> bytes:
-    if isinstance(fields, list | tuple):
-        fields = dict(zip(fields[::2], fields[1::2], strict=False))
-    raw = fields.get(b"e", fields.get("e"))
+    is_flat = isinstance(fields, list | tuple)  # Redis's [name, value, ...]
+    if is_flat and len(fields) == 2 and fields[0] in EVENT_FIELD:
+        raw = fields[1]  # the one field a worker writes
+    else:
+        if is_flat:
+            fields = dict(zip(fields[::2], fields[1::2], strict=False))
+        raw = fields.get(b"e", fields.get("e"))
     data = raw.encode() if isinstance(raw, str) else raw
     if not isinstance(data, bytes):
         raise ValueError("entry has no event field 'e'")

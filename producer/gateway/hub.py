@@ -82,6 +82,9 @@ class StreamHub:
         reader.set_response_callback("XREAD", _raw_reply)
         self._control = control  # any other connection, for CLIENT UNBLOCK
         self._subs: dict[str, set[Subscription]] = {}
+        # Where the next XREAD starts in each followed stream: at or before every one
+        # of its subscribers' cursors, kept as the id string XREAD takes.
+        self._cursors: dict[str, str] = {}
         self._changed = asyncio.Event()
         self._client_id: int | None = None
         self._reading = False
@@ -110,6 +113,7 @@ class StreamHub:
         since a timer per wait costs more than the rest of a token's trip."""
         sub = Subscription(key, parse_cursor(after))
         self._subs.setdefault(key, set()).add(sub)
+        self._follow_from(key, sub.cursor)
         await self._wake()
         try:
             while True:
@@ -126,12 +130,18 @@ class StreamHub:
                 for sub in subs:
                     sub.tick(IDLE_TICKS)
 
+    def _follow_from(self, key: str, cursor: Cursor) -> None:
+        current = self._cursors.get(key)
+        if current is None or cursor < parse_cursor(current):
+            self._cursors[key] = _format(cursor)
+
     def _unsubscribe(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.key)
         if subs is not None:
             subs.discard(sub)
             if not subs:
                 del self._subs[sub.key]
+                del self._cursors[sub.key]
 
     async def _wake(self) -> None:
         """Make the blocked read start over with the current subscriptions."""
@@ -172,15 +182,18 @@ class StreamHub:
         if not self._subs:
             await self._changed.wait()
         self._changed.clear()
-        streams: dict[Any, Any] = {key: _min_cursor(s) for key, s in self._subs.items()}
-        if not streams:
+        if not self._cursors:
             return
         if self._client_id is None:
             self._client_id = int(await self._reader.client_id())
         block_ms = 1 if self._changed.is_set() else self._block_ms
         self._reading = True
         try:
-            reply = await self._reader.xread(streams, block=block_ms, count=self._count)
+            reply = await self._reader.xread(
+                self._cursors,  # type: ignore[arg-type]
+                block=block_ms,
+                count=self._count,
+            )
         finally:
             self._reading = False
         self._dispatch(_entries(reply))
@@ -190,12 +203,15 @@ class StreamHub:
             subs = self._subs.get(key)
             if not subs:
                 continue
+            # Every subscriber's cursor is now at or past this entry: read on after it,
+            # even when it cannot be read (else the next XREAD returns it again at once).
+            self._cursors[key] = text_id = _text(entry_id)
             try:
-                entry = parse_entry(entry_id, fields)
+                entry = parse_entry(text_id, fields)
             except ValueError as e:
-                log.warning("skipping unreadable entry %s of %s: %s", entry_id, key, e)
+                log.warning("skipping unreadable entry %s of %s: %s", text_id, key, e)
                 continue
-            ms, _, seq = entry.id.partition("-")  # Redis's own ids need no checking
+            ms, _, seq = text_id.partition("-")  # Redis's own ids need no checking
             cursor = int(ms), int(seq)
             for sub in subs:
                 sub.offer(entry, cursor)
@@ -205,9 +221,12 @@ def _raw_reply(response: Any, **_: Any) -> Any:
     return response
 
 
-def _min_cursor(subs: set[Subscription]) -> str:
-    ms, seq = min(s.cursor for s in subs)
-    return f"{ms}-{seq}"
+def _format(cursor: Cursor) -> str:
+    return f"{cursor[0]}-{cursor[1]}"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _entries(reply: Any) -> Iterable[tuple[str, Any, Any]]:
@@ -216,6 +235,6 @@ def _entries(reply: Any) -> Iterable[tuple[str, Any, Any]]:
         return
     pairs = reply.items() if isinstance(reply, dict) else reply
     for key, entries in pairs:
-        name = key.decode() if isinstance(key, bytes) else str(key)
+        name = _text(key)
         for entry_id, fields in entries:
             yield name, entry_id, fields

@@ -95,3 +95,17 @@ def test_cursors_redis_would_refuse_are_refused(bad: str) -> None:
 
 def test_cursors_compare_as_stream_ids() -> None:
     assert parse_cursor("10-0") > parse_cursor("9-5") > parse_cursor("0-0")
+
+
+async def test_an_unreadable_last_entry_is_read_once(
+    hub: StreamHub, caplog: pytest.LogCaptureFixture
+) -> None:
+    stream = hub.subscribe("s:tail")
+    pending = asyncio.ensure_future(_take(stream, 1))
+    await hub._control.xadd("s:tail", {"e": b"not json"})
+    await asyncio.sleep(0.3)  # a hub that read it again would warn on every read
+    warnings = [r for r in caplog.records if "unreadable entry" in r.getMessage()]
+    assert len(warnings) == 1 and "of s:tail" in warnings[0].getMessage()
+    await _add(hub, "s:tail", _token(2))
+    assert [e.token() for e in await pending] == [_token(2)]
+    await stream.aclose()
