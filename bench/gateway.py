@@ -2,11 +2,15 @@
 directly, and how many concurrent SSE streams one gateway process holds with p99 added
 latency under 50 ms.
 
-A synthetic publisher plays a worker: it claims the requests and, every step, publishes
-one token to each of them in one pipelined round trip (the publish script, as a worker
-does). Each token's text is its publish time in ns. At each concurrency level the same
-load is read twice: directly (one multiplexed XREAD, the cheapest possible reader) and
-through the gateway (one SSE connection per request); the difference is the gateway's.
+A synthetic publisher plays a worker, in a process of its own: it claims the requests
+and, every step, publishes one token to each of them in one pipelined round trip (the
+publish script, as a worker does). Each token's text is its publish time in ns. At each
+concurrency level every token is read twice at once: directly, by one multiplexed XREAD
+in another process of its own (the cheapest possible reader), and through the gateway,
+by one SSE connection per request in this process. What the gateway adds to a token is
+the time it reached its SSE reader less the time it reached the direct reader; the
+percentiles of that, token by token, are the figures (publisher and Redis delays are in
+both and cancel).
 
     python bench/gateway.py [--levels 100,250,500,750,1000] [--seconds 5] [--tokens-per-s 20]
 
@@ -17,16 +21,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import multiprocessing
 import os
 import re
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import orjson
@@ -58,35 +64,69 @@ GOAL_ADDED_P99_MS = 50.0
 WARMUP_S = 0.5
 CONNECT_TIMEOUT_S = 60.0
 MAX_LEVEL_S = 120.0
-OnToken = Callable[[bytes, int], None]
+OnToken = Callable[[str, bytes, int], None]
 TOKEN_JSON = '{"type":"token","index":%d,"token_ids":[%d],"text":"%d ","logprobs":null}'
 
 
+Token = tuple[str, int]  # request id, publish stamp (ns)
+
+
 @dataclass
-class Latencies:
-    """Publish-to-receive times (ms) of tokens published after the warm-up."""
+class Arrivals:
+    """When each token published after ``after_ns`` (the warm-up) reached a reader."""
 
-    tokens_per_s: float = 0.0
+    after_ns: int
+    at: dict[Token, int] = field(default_factory=dict)
     num_received: int = 0
-    # While the publisher ran: the gateway's CPU seconds, wall seconds, tokens received.
-    window_cpu_s: float = 0.0
-    window_client_cpu_s: float = 0.0  # this process: publisher and readers
-    window_s: float = 0.0
-    window_tokens: int = 0
-    after_ns: int = 0
-    ms: list[float] = field(default_factory=list)
 
-    def record(self, data: bytes, received_ns: int) -> None:
+    def record(self, request_id: str, data: bytes, received_ns: int) -> None:
         for match in STAMP.finditer(data):
             self.num_received += 1
             sent_ns = int(match.group(1))
             if sent_ns >= self.after_ns:
-                self.ms.append((received_ns - sent_ns) / 1e6)
+                self.at[request_id, sent_ns] = received_ns
 
-    def pct(self, q: float) -> float:
-        if not self.ms:
-            return float("nan")
-        return statistics.quantiles(self.ms, n=1000, method="inclusive")[int(q * 10) - 1]
+
+@dataclass
+class Level:
+    streams: int
+    tokens_per_s: float
+    direct_ms: list[float]  # publish to receive
+    gateway_ms: list[float]
+    added_ms: list[float]  # per token: through the gateway less directly
+    missing: int  # tokens the direct reader got and the gateway's readers did not
+    # While the publisher ran: the gateway's and this process's CPU seconds, wall
+    # seconds, tokens received through the gateway.
+    window_cpu_s: float
+    window_client_cpu_s: float
+    window_s: float
+    window_tokens: int
+
+    @classmethod
+    def paired(cls, streams: int, tokens_per_s: float, direct: Arrivals, gw: Arrivals) -> Level:
+        common = direct.at.keys() & gw.at.keys()
+        return cls(
+            streams,
+            tokens_per_s,
+            [(t - sent) / 1e6 for (_, sent), t in direct.at.items()],
+            [(t - sent) / 1e6 for (_, sent), t in gw.at.items()],
+            [(gw.at[k] - direct.at[k]) / 1e6 for k in common],
+            len(direct.at.keys() - gw.at.keys()),
+            0.0,
+            0.0,
+            0.0,
+            0,
+        )
+
+    @property
+    def us_per_token(self) -> float:
+        return self.window_cpu_s * 1e6 / self.window_tokens if self.window_tokens else math.nan
+
+
+def pct(values: list[float], q: float) -> float:
+    if len(values) < 2:
+        return math.nan
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
 
 
 @dataclass
@@ -125,14 +165,15 @@ async def claim_all(r: redis.asyncio.Redis, b: Bench) -> dict[str, str]:
     return tokens
 
 
-async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], until: float) -> int:
+async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], seconds: float) -> None:
     """One token per request per step, in one publish call (as a worker's step does),
-    until ``until``, renewing the leases; then each request's final event. The event is
+    for ``seconds``, renewing the leases; then each request's final event. The event is
     built by hand (as ``dumps(TokenEvent)`` would) so that the stamp is close to the moment
     it is sent."""
     sha = await r.script_load(load_source("publish"))
     interval_s, index = 1.0 / b.tokens_per_s, 0
     renew_every_s, renewed = b.settings.lease_ms / 3_000, time.monotonic()
+    until = time.monotonic() + seconds
     while time.monotonic() < until:
         step_started = time.monotonic()
         if step_started - renewed > renew_every_s:  # as a worker's heartbeat does
@@ -145,7 +186,6 @@ async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], until:
         index += 1
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - step_started)))
     await finish(r, b, held, index)
-    return index
 
 
 async def finish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], n: int) -> None:
@@ -160,39 +200,81 @@ async def finish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], n: int)
     await pipe.execute()
 
 
-# Readers.
-async def read_direct(r: redis.asyncio.Redis, b: Bench, ids: list[str], on_token: OnToken) -> None:
+async def read_direct(r: redis.asyncio.Redis, b: Bench, ids: list[str], after_ns: int) -> Arrivals:
     """One XREAD over every stream until each has its final event."""
-    cursors: dict[str | bytes, str | bytes] = {b.keys.stream(i): "0-0" for i in ids}
+    arrivals = Arrivals(after_ns)
+    request_of = {b.keys.stream(i): i for i in ids}
+    cursors: dict[str | bytes, str | bytes] = {key: "0-0" for key in request_of}
     while cursors:
         reply: Any = await r.xread(cursors, block=1_000, count=1_000)  # type: ignore[arg-type]
         now = time.time_ns()
-        for key, entries in reply or []:
+        for raw_key, entries in reply or []:
+            key = _text(raw_key)
             for entry_id, fields in entries:
-                on_token(fields[b"e"], now)
-                cursors[_text(key)] = entry_id
+                arrivals.record(request_of[key], fields[b"e"], now)
+                cursors[key] = entry_id
                 if b'"final"' in fields[b"e"]:
-                    del cursors[_text(key)]
+                    del cursors[key]
+    return arrivals
 
 
+class Sidecar:
+    """A process of its own that runs one job at a time (``publish`` or ``read_direct``),
+    so that the synthetic worker and the direct reader never share a loop, nor a core's
+    turn, with the SSE readers (a worker does not share its clients' process)."""
+
+    JOBS: ClassVar[dict[str, Callable[..., Awaitable[Any]]]] = {
+        "publish": publish,
+        "read_direct": read_direct,
+    }
+
+    def __init__(self, b: Bench) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self._conn, child = spawn.Pipe()
+        self._proc = spawn.Process(target=_sidecar_main, args=(b, child), daemon=True)
+        self._proc.start()
+
+    async def run(self, job: str, *args: Any) -> Any:
+        self._conn.send((job, args))
+        return await asyncio.to_thread(self._conn.recv)
+
+    def close(self) -> None:
+        self._conn.send(None)
+        self._proc.join(timeout=10)
+
+
+def _sidecar_main(b: Bench, conn: Any) -> None:
+    async def serve() -> None:
+        r = redis.asyncio.Redis.from_url(b.redis_url)
+        while (job := conn.recv()) is not None:
+            name, args = job
+            conn.send(await Sidecar.JOBS[name](r, b, *args))
+        await r.aclose()
+
+    freeze_startup_objects()
+    asyncio.run(serve())
+
+
+# Through the gateway.
 class SSEReader(asyncio.Protocol):
     """A lean SSE client: stamps bytes as they arrive, in the loop's read callback, so
     one reader's turn never delays another's timestamp (a task per stream would)."""
 
-    def __init__(self, path: str, on_token: OnToken, connected: asyncio.Event) -> None:
-        self.path, self.on_token, self.connected = path, on_token, connected
+    def __init__(self, request_id: str, on_token: OnToken, connected: asyncio.Event) -> None:
+        self.request_id, self.on_token, self.connected = request_id, on_token, connected
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.write(f"GET {self.path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())  # type: ignore[attr-defined]
+        path = f"/v1/requests/{self.request_id}/events"
+        transport.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         received_ns = time.time_ns()
         if not self.connected.is_set() and b"\r\n\r\n" in data:
             self.connected.set()  # headers in; the body follows (chunk sizes never match STAMP)
-        self.on_token(data, received_ns)
+        self.on_token(self.request_id, data, received_ns)
         if b"event: final" in data and self.transport is not None:
             self.transport.close()
 
@@ -203,51 +285,48 @@ class SSEReader(asyncio.Protocol):
 
 async def read_sse(b: Bench, request_id: str, on_token: OnToken, connected: asyncio.Event) -> None:
     host, port = b.gateway_url.removeprefix("http://").split(":")
-    path = f"/v1/requests/{request_id}/events"
     loop = asyncio.get_running_loop()
     _, reader = await loop.create_connection(
-        lambda: SSEReader(path, on_token, connected), host, int(port)
+        lambda: SSEReader(request_id, on_token, connected), host, int(port)
     )
     await reader.done
 
 
-# One level.
-async def run_level(r: redis.asyncio.Redis, b: Bench, n: int, through_gateway: bool) -> Latencies:
-    await asyncio.sleep(1.0)  # let the previous level's connections drain
-    ids = await enqueue(r, b, n)
-    held = await claim_all(r, b)
-    lat = Latencies(b.tokens_per_s)
-    readers = await start_readers(r, b, ids, lat, through_gateway)
-    lat.after_ns = time.time_ns() + int(WARMUP_S * 1e9)
-    cpu_before, wall_before, tokens_before = (
-        cpu_s(b.gateway_pid),
-        time.monotonic(),
-        lat.num_received,
-    )
-    client_before = time.process_time()
-    await publish(r, b, held, time.monotonic() + WARMUP_S + b.seconds)
-    lat.window_client_cpu_s = time.process_time() - client_before
-    lat.window_cpu_s = cpu_s(b.gateway_pid) - cpu_before
-    lat.window_s = time.monotonic() - wall_before
-    lat.window_tokens = lat.num_received - tokens_before
-    async with asyncio.timeout(MAX_LEVEL_S):
-        await asyncio.gather(*readers)
-    return lat
-
-
-async def start_readers(
-    r: redis.asyncio.Redis, b: Bench, ids: list[str], lat: Latencies, through_gateway: bool
-) -> list[asyncio.Future[None]]:
-    if not through_gateway:
-        return [asyncio.ensure_future(read_direct(r, b, ids, lat.record))]
+async def connect_sse(b: Bench, ids: list[str], on_token: OnToken) -> list[asyncio.Future[None]]:
     events = [asyncio.Event() for _ in ids]
     readers: list[asyncio.Future[None]] = [
-        asyncio.ensure_future(read_sse(b, i, lat.record, e))
-        for i, e in zip(ids, events, strict=True)
+        asyncio.ensure_future(read_sse(b, i, on_token, e)) for i, e in zip(ids, events, strict=True)
     ]
     async with asyncio.timeout(CONNECT_TIMEOUT_S):
         await asyncio.gather(*(e.wait() for e in events))
     return readers
+
+
+# One level.
+async def run_level(
+    r: redis.asyncio.Redis, b: Bench, publisher: Sidecar, direct_reader: Sidecar, n: int
+) -> Level:
+    await asyncio.sleep(1.0)  # let the previous level's connections drain
+    ids = await enqueue(r, b, n)
+    held = await claim_all(r, b)
+    gw = Arrivals(after_ns=0)  # nothing is published before the window
+    sse_readers = await connect_sse(b, ids, gw.record)
+    gw.after_ns = time.time_ns() + int(WARMUP_S * 1e9)
+    direct = asyncio.ensure_future(direct_reader.run("read_direct", ids, gw.after_ns))
+    cpu_before, wall_before = cpu_s(b.gateway_pid), time.monotonic()
+    client_before = time.process_time()
+    await publisher.run("publish", held, WARMUP_S + b.seconds)
+    window = (
+        cpu_s(b.gateway_pid) - cpu_before,
+        time.process_time() - client_before,
+        time.monotonic() - wall_before,
+        gw.num_received,
+    )
+    async with asyncio.timeout(MAX_LEVEL_S):
+        await asyncio.gather(*sse_readers)
+        level = Level.paired(n, b.tokens_per_s, await direct, gw)
+    level.window_cpu_s, level.window_client_cpu_s, level.window_s, level.window_tokens = window
+    return level
 
 
 def _text(value: Any) -> str:
@@ -259,43 +338,47 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-Row = tuple[int, Latencies, Latencies]  # streams, direct, through the gateway
-
-
-async def bench_levels(b: Bench, levels: list[int]) -> list[Row]:
+async def bench_levels(b: Bench, levels: list[int]) -> list[Level]:
     r = redis.asyncio.Redis.from_url(b.redis_url, max_connections=64)
     pipe = r.pipeline()
     mark_served(pipe, b.keys, b.settings, MODEL)
     await pipe.execute()
-    rows = []
-    for n in levels:
-        direct = await run_level(r, b, n, through_gateway=False)
-        gateway = await run_level(r, b, n, through_gateway=True)
-        rows.append((n, direct, gateway))
-        report_row(n, direct, gateway)
-        await r.flushdb()
-        pipe = r.pipeline()
-        mark_served(pipe, b.keys, b.settings, MODEL)
-        await pipe.execute()
-    await r.aclose()
+    rows: list[Level] = []
+    publisher, direct_reader = Sidecar(b), Sidecar(b)
+    try:
+        for n in levels:
+            rows.append(await run_level(r, b, publisher, direct_reader, n))
+            report_row(rows[-1])
+            await r.flushdb()
+            pipe = r.pipeline()
+            mark_served(pipe, b.keys, b.settings, MODEL)
+            await pipe.execute()
+    finally:
+        publisher.close()
+        direct_reader.close()
+        await r.aclose()
     return rows
 
 
 # Output.
-def report_row(n: int, direct: Latencies, gw: Latencies) -> None:
-    added = (gw.pct(50) - direct.pct(50), gw.pct(99) - direct.pct(99))
+HEADER = (
+    f"{'streams':>7} {'dir p50':>8} {'dir p99':>8} {'gw p50':>8} {'gw p99':>8} "
+    f"{'add p50':>8} {'add p99':>8} {'gw tok/s':>8} {'gw cpu':>7} {'us/tok':>7} "
+    f"{'cli cpu':>7} {'samples':>8}"
+)
+
+
+def report_row(lv: Level) -> None:
     print(
-        f"{n:>7} {direct.pct(50):>8.2f} {direct.pct(99):>8.2f} {gw.pct(50):>8.2f} "
-        f"{gw.pct(99):>8.2f} {added[0]:>+8.2f} {added[1]:>+8.2f} "
-        f"{gw.window_tokens / gw.window_s:>8.0f} {gw.window_cpu_s / gw.window_s * 100:>6.0f}% "
-        f"{us_per_token(gw):>7.0f} {gw.window_client_cpu_s / gw.window_s * 100:>6.0f}% "
-        f"{len(gw.ms):>8}",
+        f"{lv.streams:>7} {pct(lv.direct_ms, 50):>8.2f} {pct(lv.direct_ms, 99):>8.2f} "
+        f"{pct(lv.gateway_ms, 50):>8.2f} {pct(lv.gateway_ms, 99):>8.2f} "
+        f"{pct(lv.added_ms, 50):>+8.2f} {pct(lv.added_ms, 99):>+8.2f} "
+        f"{lv.window_tokens / lv.window_s:>8.0f} {lv.window_cpu_s / lv.window_s * 100:>6.0f}% "
+        f"{lv.us_per_token:>7.0f} {lv.window_client_cpu_s / lv.window_s * 100:>6.0f}% "
+        f"{len(lv.added_ms):>8}"
+        + (f"  ({lv.missing} tokens not delivered!)" if lv.missing else ""),
         flush=True,
     )
-
-
-def us_per_token(lat: Latencies) -> float:
-    return lat.window_cpu_s * 1e6 / lat.window_tokens if lat.window_tokens else float("nan")
 
 
 def machine_load() -> str:
@@ -309,27 +392,29 @@ def machine_load() -> str:
     return f"load average {' '.join(load)}; CPU pressure (some) {' '.join(some)}"
 
 
-def summary(rows: list[Row]) -> None:
-    n, direct, gateway = rows[0]
+def summary(rows: list[Level]) -> None:
+    first = rows[0]
     print(
-        f"\nadded per token at {n} streams: p50 {gateway.pct(50) - direct.pct(50):+.2f} ms, "
-        f"p99 {gateway.pct(99) - direct.pct(99):+.2f} ms "
-        f"(gateway/direct: p50 x{gateway.pct(50) / direct.pct(50):.2f}, "
-        f"p99 x{gateway.pct(99) / direct.pct(99):.2f})"
+        f"\nadded per token at {first.streams} streams: p50 {pct(first.added_ms, 50):+.2f} ms, "
+        f"p99 {pct(first.added_ms, 99):+.2f} ms"
     )
-    held = [n for n, d, g in rows if g.pct(99) - d.pct(99) < GOAL_ADDED_P99_MS and g.ms]
+    held = [
+        lv.streams
+        for lv in rows
+        if pct(lv.added_ms, 99) < GOAL_ADDED_P99_MS and lv.added_ms and not lv.missing
+    ]
     best = max(held, default=0)
-    n, _, gateway = rows[-1]
-    us = us_per_token(gateway)
+    last = rows[-1]
+    us = last.us_per_token
     print(
-        f"gateway CPU per token delivered (at {n} streams): {us:.0f} us, so one whole core "
-        f"would push ~{1e6 / us:,.0f} tokens/s (~{1e6 / us / gateway.tokens_per_s:,.0f} "
-        f"streams at {gateway.tokens_per_s:g} tokens/s each)"
+        f"gateway CPU per token delivered (at {last.streams} streams): {us:.0f} us, so one "
+        f"whole core would push ~{1e6 / us:,.0f} tokens/s (~{1e6 / us / last.tokens_per_s:,.0f} "
+        f"streams at {last.tokens_per_s:g} tokens/s each)"
     )
     print(f"machine after the run: {machine_load()}")
     print(
         f"most concurrent SSE streams with p99 added < {GOAL_ADDED_P99_MS:g} ms: {best} "
-        f"(of levels tried: {', '.join(str(r[0]) for r in rows)}; goal 500: "
+        f"(of levels tried: {', '.join(str(lv.streams) for lv in rows)}; goal 500: "
         f"{'met' if best >= 500 else 'NOT met'})"
     )
 
@@ -390,11 +475,7 @@ def main() -> None:
             f"(latencies in ms, publish to receive)"
         )
         print(f"machine before the run: {machine_load()}")
-        print(
-            f"{'streams':>7} {'dir p50':>8} {'dir p99':>8} {'gw p50':>8} {'gw p99':>8} "
-            f"{'add p50':>8} {'add p99':>8} {'gw tok/s':>8} {'gw cpu':>7} {'us/tok':>7} "
-            f"{'cli cpu':>7} {'samples':>8}"
-        )
+        print(HEADER)
         # The load generator's own full collections would stall its readers' stamps.
         freeze_startup_objects()
         summary(asyncio.run(bench_levels(b, levels)))
