@@ -45,6 +45,7 @@ from shared.gc_policy import freeze_startup_objects
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinalEvent, FinishReason, GenerationRequest, dumps
 from shared.registry import mark_served
+from shared.replies import text
 from shared.scripts import (
     AsyncScripts,
     TokenPublish,
@@ -155,7 +156,7 @@ async def enqueue(r: redis.asyncio.Redis, b: Bench, n: int) -> list[str]:
 
 
 async def claim_all(r: redis.asyncio.Redis, b: Bench) -> dict[str, str]:
-    ids = [_text(i) for i in await r.zrange(b.keys.queue(b.tag), 0, -1)]
+    ids = [text(i) for i in await r.zrange(b.keys.queue(b.tag), 0, -1)]
     tokens: dict[str, str] = {}
     for start in range(0, len(ids), 200):
         call = claim_call(b.keys, b.settings, b.tag, "bench", ids[start : start + 200])
@@ -209,7 +210,7 @@ async def read_direct(r: redis.asyncio.Redis, b: Bench, ids: list[str], after_ns
         reply: Any = await r.xread(cursors, block=1_000, count=1_000)  # type: ignore[arg-type]
         now = time.time_ns()
         for raw_key, entries in reply or []:
-            key = _text(raw_key)
+            key = text(raw_key)
             for entry_id, fields in entries:
                 arrivals.record(request_of[key], fields[b"e"], now)
                 cursors[key] = entry_id
@@ -327,10 +328,6 @@ async def run_level(
         level = Level.paired(n, b.tokens_per_s, await direct, gw)
     level.window_cpu_s, level.window_client_cpu_s, level.window_s, level.window_tokens = window
     return level
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def cpu_s(pid: int) -> float:

@@ -9,6 +9,7 @@ from producer.client import Client
 from shared.keys import model_tag
 from shared.records import STATUS_FIELDS, decode_hash
 from shared.registry import known_models
+from shared.replies import text
 from shared.scripts import retry_call
 
 
@@ -34,9 +35,9 @@ class Admin:
         for tag, model in self.tags().items():
             rows: Any = self.redis.zrange(self.keys.dead(tag), 0, limit - 1, withscores=True)
             for member, score in rows:
-                rid = _text(member)
+                rid = text(member)
                 reason = self.redis.hget(self.keys.request(rid), "dead_reason")
-                entries.append(DeadEntry(rid, model, int(score), _text(reason or b"")))
+                entries.append(DeadEntry(rid, model, int(score), text(reason or b"")))
         return sorted(entries, key=lambda e: e.dead_ms)[:limit]
 
     def retry(self, request_id: str) -> bool:
@@ -47,7 +48,7 @@ class Admin:
         """Delete every dead-lettered request with its stream; returns how many."""
         purged = 0
         for tag in self.tags():
-            ids = [_text(m) for m in self.redis.zrange(self.keys.dead(tag), 0, -1)]
+            ids = [text(m) for m in self.redis.zrange(self.keys.dead(tag), 0, -1)]
             pipe = self.redis.pipeline(transaction=False)
             for rid in ids:
                 pipe.delete(self.keys.request(rid), self.keys.stream(rid))
@@ -63,7 +64,3 @@ class Admin:
     def status_fields(self, request_id: str) -> dict[str, Any]:
         raw = self.redis.hmget(self.keys.request(request_id), STATUS_FIELDS)
         return dict(decode_hash(raw, STATUS_FIELDS))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

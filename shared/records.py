@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 
 from shared.errors import NotFound
 from shared.models import Event, FinalEvent, RequestState, RequestStatus, Result, StreamEvent
+from shared.replies import text
 
 STATUS_FIELDS = (
     "model",
@@ -34,10 +35,10 @@ _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
 def decode_hash(raw: Mapping[Any, Any] | Sequence[Any], fields: Sequence[str]) -> dict[str, str]:
     """A hash read with HGETALL (mapping) or HMGET (list, in ``fields`` order), as text."""
     if isinstance(raw, Mapping):
-        items = [(_text(k), v) for k, v in raw.items()]
+        items = [(text(k), v) for k, v in raw.items()]
     else:
         items = list(zip(fields, raw, strict=True))
-    return {k: _text(v) for k, v in items if v is not None}
+    return {k: text(v) for k, v in items if v is not None}
 
 
 def status_from_hash(request_id: str, h: dict[str, str], position: int | None) -> RequestStatus:
@@ -85,12 +86,8 @@ def result_from_hash(request_id: str, h: dict[str, str]) -> Result | None:
 def stream_event(entry_id: Any, fields: Mapping[Any, Any]) -> StreamEvent:
     """One XRANGE/XREAD entry as a StreamEvent."""
     data = fields.get(b"e", fields.get("e"))
-    return StreamEvent(id=_text(entry_id), event=_event_adapter.validate_json(data))
+    return StreamEvent(id=text(entry_id), event=_event_adapter.validate_json(data))
 
 
 def _int(value: str | None) -> int | None:
     return None if value is None else int(value)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

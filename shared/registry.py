@@ -7,6 +7,7 @@ from typing import Any
 import redis
 
 from shared.keys import Keys, model_tag
+from shared.replies import text
 from shared.settings import Settings
 
 # Enough for any real fleet; bounds the work of whoever sweeps or lists all models.
@@ -23,8 +24,4 @@ def mark_served(pipe: Any, keys: Keys, settings: Settings, model: str) -> None:
 def known_models(connection: redis.Redis, keys: Keys) -> dict[str, str]:
     """Tag -> model name for every model a worker has ever registered."""
     raw = connection.hgetall(keys.models())
-    return {_text(k): _text(v) for k, v in raw.items()}
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return {text(k): text(v) for k, v in raw.items()}

@@ -20,6 +20,7 @@ from shared.errors import QueueFull, UnknownModel
 from shared.keys import Keys, model_tag, tag_of
 from shared.models import GenerationRequest, dumps
 from shared.priority import MAX_PRIORITY
+from shared.replies import text
 from shared.settings import Settings
 
 SCRIPT_NAMES = (
@@ -143,7 +144,7 @@ def enqueue_call(
 
 
 def parse_enqueue(reply: list[Any], model: str, settings: Settings) -> Enqueued:
-    status, value = _text(reply[0]), _text(reply[1])
+    status, value = text(reply[0]), text(reply[1])
     if status == "full":
         raise QueueFull(model, settings.max_queued)
     if status == "unknown_model":
@@ -172,7 +173,7 @@ def claim_call(
 
 def parse_claim(reply: list[Any]) -> list[Claimed]:
     rows = [reply[i : i + 5] for i in range(0, len(reply), 5)]
-    return [Claimed(_text(r[0]), _text(r[1]), _text(r[2]), int(r[3]), int(r[4])) for r in rows]
+    return [Claimed(text(r[0]), text(r[1]), text(r[2]), int(r[3]), int(r[4])) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -257,10 +258,6 @@ def renew_call(keys: Keys, settings: Settings, tag: str, held: dict[str, str]) -
         [keys.leases(tag), keys.owners(tag), *(keys.request(rid) for rid in held)],
         [settings.lease_ms, *pairs],
     )
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)

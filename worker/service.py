@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from shared.keys import REQUEST_ID_RE, Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent
 from shared.records import stream_event
+from shared.replies import text
 from shared.scripts import Claimed, Scripts, claim_call, parse_claim, release_call
 from shared.settings import Settings
 from worker.engine.outputs import RequestOutput
@@ -210,7 +211,7 @@ class WorkerService:
     def _valid_ids(self, members: list[Any]) -> list[str]:
         """Queue members that are request ids; anything else was written by hand or by
         a broken client, and is taken off the queue so it cannot block it."""
-        ids = [_text(m) for m in members]
+        ids = [text(m) for m in members]
         bad = [i for i in ids if REQUEST_ID_RE.match(i) is None]
         if bad:
             log.error("removing malformed queue entries %r", bad)
@@ -276,7 +277,3 @@ class WorkerService:
     def held_leases(self) -> dict[str, str]:
         with self.held_lock:
             return {rid: h.lease_token for rid, h in self.held.items()}
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -19,7 +19,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from producer.batch.context import Context
-from producer.batch.store import text
+from shared.replies import text
 
 MAX_WATCH_TRIES = 5
 # Retries cover a dead RQ worker (RQ retries an abandoned job) and Redis blips.

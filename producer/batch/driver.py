@@ -19,11 +19,11 @@ from producer.batch.context import Context
 from producer.batch.lines import BatchLine
 from producer.batch.models import BatchState
 from producer.batch.output import error_line, result_line
-from producer.batch.store import text
 from shared.errors import NotFound, QueueFull, UnknownModel
 from shared.keys import new_request_id
 from shared.models import GenerationRequest
 from shared.records import RESULT_FIELDS, decode_hash, result_from_hash
+from shared.replies import text
 from shared.scripts import cancel_call, enqueue_call, parse_enqueue
 
 FAN_OUT_CHUNK = 100

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import redis
 
@@ -12,13 +11,10 @@ from producer.batch.lines import BatchLine
 from producer.batch.models import BatchCounts, BatchState, BatchStatus
 from shared.errors import NotFound
 from shared.keys import new_batch_id
+from shared.replies import text
 
 CHUNK = 500
 Results = tuple[list[bytes], list[bytes]]
-
-
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def now_ms(ctx: Context) -> int:

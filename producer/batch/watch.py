@@ -16,13 +16,13 @@ import redis
 
 from producer.batch import chain, webhooks
 from producer.batch.context import Context
-from producer.batch.store import text
 from producer.client import Client, Handle
 from producer.requests import validate_request
 from shared.errors import NotFound
 from shared.keys import tag_of
 from shared.models import GenerationRequest
 from shared.records import RESULT_FIELDS, decode_hash, result_from_hash
+from shared.replies import text
 from shared.settings import Settings
 
 WATCH_FUNC = "producer.batch.jobs.watch_requests"

@@ -28,8 +28,8 @@ from producer.batch.signing import (
     TIMESTAMP_HEADER,
     sign,
 )
-from producer.batch.store import text
 from shared.errors import InvalidRequest, NotFound, TokenqError
+from shared.replies import text
 
 DELIVER_FUNC = "producer.batch.jobs.deliver_webhook"
 MAX_URL_CHARS = 2048

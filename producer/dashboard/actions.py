@@ -10,9 +10,9 @@ from typing import Any
 import redis.asyncio
 
 from producer.dashboard.errors import Conflict, NotFoundError
-from producer.dashboard.values import text
 from shared.errors import NotFound
 from shared.keys import Keys, tag_of
+from shared.replies import text
 from shared.scripts import AsyncScripts, cancel_call, retry_call
 from shared.settings import Settings
 

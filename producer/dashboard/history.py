@@ -18,9 +18,10 @@ import redis.asyncio
 
 from producer.dashboard.config import DashboardConfig
 from producer.dashboard.queues import QueueStats, known_models, queue_stats
-from producer.dashboard.values import int_or_none, redis_ms, text
+from producer.dashboard.values import int_or_none, redis_ms
 from producer.dashboard.workers import WorkerRow, worker_rows
 from shared.keys import Keys
+from shared.replies import text
 
 log = logging.getLogger("producer.dashboard")
 MAX_TTFT_PER_MODEL = 500

@@ -18,9 +18,9 @@ import orjson
 
 from producer.dashboard.requests import request_detail
 from producer.dashboard.service import Dashboard
-from producer.dashboard.values import text
 from shared.errors import NotFound
 from shared.keys import tag_of
+from shared.replies import text
 
 STREAM_BATCH = 256
 STREAM_POLL_S = 0.25

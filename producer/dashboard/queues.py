@@ -13,9 +13,10 @@ from typing import Any
 import redis.asyncio
 from pydantic import BaseModel
 
-from producer.dashboard.values import int_or_none, text
+from producer.dashboard.values import int_or_none
 from shared.keys import Keys
 from shared.priority import MAX_PRIORITY, MIN_PRIORITY, priority_name
+from shared.replies import text
 
 BAND = 2**46
 HALF = 2**45

@@ -10,11 +10,12 @@ import orjson
 import redis.asyncio
 from pydantic import BaseModel
 
-from producer.dashboard.values import int_or_none, text
+from producer.dashboard.values import int_or_none
 from shared.errors import NotFound
 from shared.keys import Keys, tag_of
 from shared.priority import priority_name
 from shared.records import STATUS_FIELDS
+from shared.replies import text
 
 ListKind = Literal["running", "queued", "recent", "failed", "dead"]
 LIST_KINDS: tuple[ListKind, ...] = ("running", "queued", "recent", "failed", "dead")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+from shared.replies import text
 
 
 def int_or_none(value: Any) -> int | None:

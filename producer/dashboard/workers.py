@@ -11,8 +11,9 @@ from typing import Any
 import redis.asyncio
 from pydantic import BaseModel
 
-from producer.dashboard.values import decoded, float_or_none, int_or_none, text
+from producer.dashboard.values import decoded, float_or_none, int_or_none
 from shared.keys import Keys
+from shared.replies import text
 
 
 class WorkerRow(BaseModel):

@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio
 
 from producer.gateway.entries import Entry, parse_entry
+from shared.replies import text
 
 log = logging.getLogger(__name__)
 Cursor = tuple[int, int]
@@ -205,7 +206,7 @@ class StreamHub:
                 continue
             # Every subscriber's cursor is now at or past this entry: read on after it,
             # even when it cannot be read (else the next XREAD returns it again at once).
-            self._cursors[key] = text_id = _text(entry_id)
+            self._cursors[key] = text_id = text(entry_id)
             try:
                 entry = parse_entry(text_id, fields)
             except ValueError as e:
@@ -225,16 +226,12 @@ def _format(cursor: Cursor) -> str:
     return f"{cursor[0]}-{cursor[1]}"
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _entries(reply: Any) -> Iterable[tuple[str, Any, Any]]:
     """(stream key, entry id, fields) from an XREAD reply, RESP2 list or RESP3 map."""
     if not reply:
         return
     pairs = reply.items() if isinstance(reply, dict) else reply
     for key, entries in pairs:
-        name = _text(key)
+        name = text(key)
         for entry_id, fields in entries:
             yield name, entry_id, fields

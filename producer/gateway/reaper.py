@@ -12,6 +12,7 @@ import redis
 from shared.keys import Keys
 from shared.reaper import reap_once_async
 from shared.registry import KNOWN_MODELS_LIMIT
+from shared.replies import text
 from shared.scripts import AsyncScripts
 from shared.settings import Settings
 
@@ -27,10 +28,6 @@ async def reap_forever(connection: redis.asyncio.Redis, settings: Settings) -> N
         try:
             tags = await connection.hkeys(keys.models())
             for tag in tags[:KNOWN_MODELS_LIMIT]:
-                await reap_once_async(connection, scripts, settings, _text(tag), owner)
+                await reap_once_async(connection, scripts, settings, text(tag), owner)
         except redis.RedisError as e:
             log.warning("reaper sweep failed (%s); trying again", e)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio
 
 from shared.keys import Keys
+from shared.replies import text
 
 MAX_WORKERS_READ = 10_000
 
@@ -47,19 +48,15 @@ class ModelRegistry:
             return {}
         pipe = self._redis.pipeline(transaction=False)
         for worker_id, _ in ids:
-            pipe.hmget(self._keys.worker(_text(worker_id)), ["model"])
+            pipe.hmget(self._keys.worker(text(worker_id)), ["model"])
         replies = await pipe.execute()
         models: dict[str, LiveModel] = {}
         for (_, score), reply in zip(ids, replies, strict=True):
             model = reply[0]
             if model is None:
                 continue  # its hash expired: the worker is gone
-            name, seen = _text(model), int(score)
+            name, seen = text(model), int(score)
             known = models.get(name)
             first = seen if known is None else min(known.created_s, seen)
             models[name] = LiveModel(name, 1 if known is None else known.num_workers + 1, first)
         return models
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
