@@ -8,9 +8,13 @@ from __future__ import annotations
 import logging
 import os
 from functools import partial
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from producer.gateway.config import GatewayConfig
+    from shared.settings import Settings
 
 APP_FACTORY = "producer.gateway.cli:serving_app"
 
@@ -32,10 +36,8 @@ def gateway(
     import uvicorn
 
     from producer.cli_options import settings_for
-    from producer.gateway.app import create_app
     from producer.gateway.config import GatewayConfig, load_api_keys
     from shared.errors import InvalidRequest
-    from shared.gc_policy import freeze_startup_objects
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -49,21 +51,20 @@ def gateway(
         uvicorn.run, host=host, port=port, log_level=log_level.lower(), access_log=access_log
     )
     if workers == 1:
-        app = create_app(settings, config)
-        freeze_startup_objects()
-        serve(app)
+        serve(serving_app(settings, config))
         return
     # Each worker process builds its own app from the environment, so pass the URL on.
     os.environ["TOKENQ_REDIS_URL"] = settings.redis_url
     serve(APP_FACTORY, factory=True, workers=workers)
 
 
-def serving_app() -> Any:
-    """The app for each of ``--workers`` processes, from the environment."""
+def serving_app(settings: Settings | None = None, config: GatewayConfig | None = None) -> Any:
+    """The app, built and then frozen out of the collector's view; with no arguments
+    (each of ``--workers`` processes) from the environment."""
     from producer.gateway.app import create_app
     from shared.gc_policy import freeze_startup_objects
 
-    app = create_app()
+    app = create_app(settings, config)
     freeze_startup_objects()
     return app
 

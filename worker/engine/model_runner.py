@@ -24,6 +24,9 @@ from worker.engine.sampler import Sampler, SamplingRow
 log = logging.getLogger(__name__)
 
 CACHE_GROWTH_TOKENS = 256
+# cuDNN's attention is left out: it builds a plan for each new shape, milliseconds of
+# CPU time, and a step's context lengths are new every step.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class ModelRunner:
@@ -57,11 +60,6 @@ class ModelRunner:
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
         self.num_slots = config.max_num_seqs
         self.sampler = Sampler(self.device)
-        # cuDNN's attention builds a plan for each new shape, milliseconds of CPU
-        # time, and a step's context lengths are new every step.
-        self._sdpa_backends = [
-            SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
-        ]  # fmt: skip
         self.key_cache: list[torch.Tensor] = []
         self.value_cache: list[torch.Tensor] = []
         self.cache_capacity = 0
@@ -86,7 +84,7 @@ class ModelRunner:
         self._ensure_capacity(max(s.start_pos + s.num_tokens for s in out.scheduled))
         self._copy_prefixes(out.kv_copies)
         input_ids, positions, logits_index, batch = self._prepare(out.scheduled)
-        with torch.inference_mode(), sdpa_kernel(self._sdpa_backends):
+        with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
             logits = self._forward(input_ids, positions, logits_index, batch)
             rows = [self._sampling_row(item) for item in out.sampled]
             token_ids, logprobs = self.sampler(logits, rows)
