@@ -89,6 +89,17 @@ class Arrivals:
 
 
 @dataclass
+class Window:
+    """While the publisher ran: the gateway's and this process's CPU seconds, wall
+    seconds, tokens received through the gateway."""
+
+    cpu_s: float
+    client_cpu_s: float
+    wall_s: float
+    tokens: int
+
+
+@dataclass
 class Level:
     streams: int
     tokens_per_s: float
@@ -96,15 +107,12 @@ class Level:
     gateway_ms: list[float]
     added_ms: list[float]  # per token: through the gateway less directly
     missing: int  # tokens the direct reader got and the gateway's readers did not
-    # While the publisher ran: the gateway's and this process's CPU seconds, wall
-    # seconds, tokens received through the gateway.
-    window_cpu_s: float
-    window_client_cpu_s: float
-    window_s: float
-    window_tokens: int
+    window: Window
 
     @classmethod
-    def paired(cls, streams: int, tokens_per_s: float, direct: Arrivals, gw: Arrivals) -> Level:
+    def paired(
+        cls, streams: int, tokens_per_s: float, direct: Arrivals, gw: Arrivals, window: Window
+    ) -> Level:
         common = direct.at.keys() & gw.at.keys()
         return cls(
             streams,
@@ -113,15 +121,13 @@ class Level:
             [(t - sent) / 1e6 for (_, sent), t in gw.at.items()],
             [(gw.at[k] - direct.at[k]) / 1e6 for k in common],
             len(direct.at.keys() - gw.at.keys()),
-            0.0,
-            0.0,
-            0.0,
-            0,
+            window,
         )
 
     @property
     def us_per_token(self) -> float:
-        return self.window_cpu_s * 1e6 / self.window_tokens if self.window_tokens else math.nan
+        w = self.window
+        return w.cpu_s * 1e6 / w.tokens if w.tokens else math.nan
 
 
 def pct(values: list[float], q: float) -> float:
@@ -317,7 +323,7 @@ async def run_level(
     cpu_before, wall_before = cpu_s(b.gateway_pid), time.monotonic()
     client_before = time.process_time()
     await publisher.run("publish", held, WARMUP_S + b.seconds)
-    window = (
+    window = Window(
         cpu_s(b.gateway_pid) - cpu_before,
         time.process_time() - client_before,
         time.monotonic() - wall_before,
@@ -325,9 +331,7 @@ async def run_level(
     )
     async with asyncio.timeout(MAX_LEVEL_S):
         await asyncio.gather(*sse_readers)
-        level = Level.paired(n, b.tokens_per_s, await direct, gw)
-    level.window_cpu_s, level.window_client_cpu_s, level.window_s, level.window_tokens = window
-    return level
+        return Level.paired(n, b.tokens_per_s, await direct, gw, window)
 
 
 def cpu_s(pid: int) -> float:
@@ -366,12 +370,13 @@ HEADER = (
 
 
 def report_row(lv: Level) -> None:
+    w = lv.window
     print(
         f"{lv.streams:>7} {pct(lv.direct_ms, 50):>8.2f} {pct(lv.direct_ms, 99):>8.2f} "
         f"{pct(lv.gateway_ms, 50):>8.2f} {pct(lv.gateway_ms, 99):>8.2f} "
         f"{pct(lv.added_ms, 50):>+8.2f} {pct(lv.added_ms, 99):>+8.2f} "
-        f"{lv.window_tokens / lv.window_s:>8.0f} {lv.window_cpu_s / lv.window_s * 100:>6.0f}% "
-        f"{lv.us_per_token:>7.0f} {lv.window_client_cpu_s / lv.window_s * 100:>6.0f}% "
+        f"{w.tokens / w.wall_s:>8.0f} {w.cpu_s / w.wall_s * 100:>6.0f}% "
+        f"{lv.us_per_token:>7.0f} {w.client_cpu_s / w.wall_s * 100:>6.0f}% "
         f"{len(lv.added_ms):>8}"
         + (f"  ({lv.missing} tokens not delivered!)" if lv.missing else ""),
         flush=True,
