@@ -84,8 +84,10 @@ class Keys:
     def paused(self, tag: str) -> str:
         return self._q(tag, "paused")
 
-    def idempotency(self, tag: str, key: str) -> str:
-        digest = hashlib.sha256(key.encode()).hexdigest()
+    def idempotency(self, tag: str, key: str, tenant: str | None = None) -> str:
+        """Per tenant: one tenant's key never finds another tenant's request."""
+        scoped = key if tenant is None else f"{tenant}\x00{key}"
+        digest = hashlib.sha256(scoped.encode()).hexdigest()
         return self._q(tag, f"idem:{digest}")
 
     # Per request (tag taken from the id).

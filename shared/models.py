@@ -14,6 +14,10 @@ SCHEMA_VERSION = 1
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_METADATA_ITEMS = 32
+# The metadata item naming who submitted a request. A gateway sets it from the caller's
+# API key (never from the body); requests, their idempotency keys and their batches are
+# kept apart by it.
+TENANT = "tenant"
 
 
 class _Strict(BaseModel):
@@ -97,6 +101,11 @@ class GenerationRequest(_Strict):
         if self.prompt is not None and not self.prompt.strip():
             raise ValueError("prompt must not be blank")
         return self
+
+    @property
+    def tenant(self) -> str | None:
+        value = self.metadata.get(TENANT)
+        return value if isinstance(value, str) and value else None
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:
@@ -204,3 +213,4 @@ class RequestStatus(_Strict):
     deadline_ms: int | None = None
     finish_reason: FinishReason | None = None
     cancel_requested: bool = False
+    tenant: str | None = Field(None, description="who submitted it (a gateway's API key)")

@@ -26,6 +26,7 @@ STATUS_FIELDS = (
     "deadline_ms",
     "finish_reason",
     "cancel",
+    "tenant",
 )
 RESULT_FIELDS = ("model", "state", "final", "output")
 
@@ -60,6 +61,7 @@ def status_from_hash(request_id: str, h: dict[str, str], position: int | None) -
         deadline_ms=_int(h.get("deadline_ms")),
         finish_reason=h.get("finish_reason"),
         cancel_requested=h.get("cancel") == "1",
+        tenant=h.get("tenant"),
     )
 
 

@@ -122,7 +122,7 @@ def enqueue_call(
             keys.queue(tag),
             keys.seq(tag),
             keys.request(request_id),
-            keys.idempotency(tag, idem),
+            keys.idempotency(tag, idem, req.tenant),
             keys.wakeup(tag),
             keys.deadlines(tag),
             keys.served(tag),
@@ -139,6 +139,7 @@ def enqueue_call(
             keys.lifecycle_channel(),
             MAX_PRIORITY,
             "1" if settings.require_known_model else "0",
+            req.tenant or "",
         ],
     )
 

@@ -21,7 +21,7 @@ from producer.batch.models import BatchState
 from producer.batch.output import error_line, result_line
 from shared.errors import NotFound, QueueFull, UnknownModel
 from shared.keys import new_request_id
-from shared.models import GenerationRequest
+from shared.models import TENANT, GenerationRequest
 from shared.records import RESULT_FIELDS, decode_hash, result_from_hash
 from shared.replies import text
 from shared.scripts import cancel_call, enqueue_call, parse_enqueue
@@ -65,7 +65,8 @@ def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
     if room <= 0 or cursor >= total:
         return 0
     lines = store.read_lines(ctx, batch_id, cursor, min(room, FAN_OUT_CHUNK))
-    requests = [_request(batch_id, int(m["priority"]), line) for line in lines]
+    tenant = m.get("tenant") or None
+    requests = [_request(batch_id, int(m["priority"]), tenant, line) for line in lines]
     pipe = ctx.redis.pipeline(transaction=False)
     for req in requests:
         ctx.scripts.run(enqueue_call(ctx.keys, ctx.settings, new_request_id(req.model), req), pipe)
@@ -73,8 +74,12 @@ def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
     return _record_fan_out(ctx, batch_id, cursor, lines, replies)
 
 
-def _request(batch_id: str, priority: int, line: BatchLine) -> GenerationRequest:
+def _request(
+    batch_id: str, priority: int, tenant: str | None, line: BatchLine
+) -> GenerationRequest:
     metadata = {**line.request.metadata, "batch_id": batch_id, "custom_id": line.custom_id}
+    if tenant is not None:  # whatever a line's own metadata claims
+        metadata[TENANT] = tenant
     update = {
         "priority": priority,
         "idempotency_key": f"{batch_id}:{line.custom_id}",

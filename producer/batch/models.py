@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class BatchState(StrEnum):
@@ -46,3 +46,4 @@ class BatchStatus(BaseModel):
     finished_ms: int | None = None
     webhook_url: str | None = None
     error: str | None = None
+    tenant: str | None = Field(None, description="who created it (a gateway's API key)")

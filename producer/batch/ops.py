@@ -45,9 +45,11 @@ class Batches:
         priority: int | str = "low",
         model: str | None = None,
         webhook_url: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Create a batch from JSONL (text, bytes, a path) or line dicts; returns its id.
-        Raises BatchInputError listing bad lines; nothing is queued then."""
+        Raises BatchInputError listing bad lines; nothing is queued then. Its lines run
+        as ``tenant``'s requests, whatever their own metadata says."""
         ctx = self.ctx
         lines = parse_jsonl(
             _jsonl(source), ctx.settings, model=model, max_lines=ctx.settings.max_batch_lines
@@ -57,27 +59,29 @@ class Batches:
             webhooks.require_secret(ctx)
         with ctx.redis.pipeline(transaction=True) as pipe:
             pipe.multi()
-            batch_id = store.create(ctx, pipe, lines, _priority(priority), webhook_url)
+            batch_id = store.create(ctx, pipe, lines, _priority(priority), webhook_url, tenant)
             chain.start(ctx, batch_chain(ctx, batch_id), pipe)
             pipe.execute()
         return batch_id
 
-    def status(self, batch_id: str) -> BatchStatus:
-        return store.status(self.ctx, batch_id)
+    # With a ``scope`` (a tenant), another tenant's batch is NotFound, as a gone one is.
+    def status(self, batch_id: str, scope: str | None = None) -> BatchStatus:
+        return store.status(self.ctx, batch_id, scope)
 
-    def list(self, limit: int = 50) -> list[BatchStatus]:
-        return store.list_batches(self.ctx, limit)
+    def list(self, limit: int = 50, scope: str | None = None) -> list[BatchStatus]:
+        return store.list_batches(self.ctx, limit, scope)
 
-    def cancel(self, batch_id: str) -> BatchStatus:
+    def cancel(self, batch_id: str, scope: str | None = None) -> BatchStatus:
         """Stop the batch: queued lines are removed at once, running ones stop within a
         step; lines done so far keep their results. A batch that has ended is left as is."""
+        store.meta(self.ctx, batch_id, scope)  # a batch's tenant never changes
         if self._mark_cancelling(batch_id):
             driver.cancel_pending(self.ctx, batch_id)
         return self.status(batch_id)
 
-    def results(self, batch_id: str) -> Results:
+    def results(self, batch_id: str, scope: str | None = None) -> Results:
         """(output JSONL lines, error JSONL lines), each in input order."""
-        return store.results(self.ctx, batch_id)
+        return store.results(self.ctx, batch_id, scope)
 
     def resume(self, batch_id: str) -> str:
         """Start a new driver job for a batch whose jobs were lost; returns its job id."""

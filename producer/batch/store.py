@@ -29,6 +29,7 @@ def create(
     lines: Sequence[BatchLine],
     priority: int,
     webhook_url: str | None,
+    tenant: str | None = None,
 ) -> str:
     """Queue the commands that write a new batch on ``pipe``; returns its id."""
     batch_id, created = new_batch_id(), now_ms(ctx)
@@ -39,6 +40,7 @@ def create(
         "cursor": 0,
         "created_ms": created,
         "webhook_url": webhook_url or "",
+        "tenant": tenant or "",
     }
     pipe.hset(ctx.bkeys.meta(batch_id), mapping=meta)  # type: ignore[arg-type]
     for start in range(0, len(lines), CHUNK):
@@ -47,20 +49,23 @@ def create(
     return batch_id
 
 
-def meta(ctx: Context, batch_id: str) -> dict[str, str]:
+def meta(ctx: Context, batch_id: str, scope: str | None = None) -> dict[str, str]:
+    """The batch record; NotFound if it is gone or, with a ``scope`` (a tenant), if
+    another tenant created it."""
     raw = ctx.redis.hgetall(ctx.bkeys.meta(batch_id))
-    if not raw:
+    m = {text(k): text(v) for k, v in raw.items()}
+    if not m or (scope is not None and m.get("tenant") != scope):
         raise NotFound(f"batch {batch_id} does not exist (or has expired)")
-    return {text(k): text(v) for k, v in raw.items()}
+    return m
 
 
-def status(ctx: Context, batch_id: str) -> BatchStatus:
+def status(ctx: Context, batch_id: str, scope: str | None = None) -> BatchStatus:
     k = ctx.bkeys
     pipe = ctx.redis.pipeline(transaction=False)
     for key in (k.outputs(batch_id), k.errors(batch_id), k.pending(batch_id)):
         pipe.hlen(key)
     completed, failed, in_flight = pipe.execute()
-    m = meta(ctx, batch_id)
+    m = meta(ctx, batch_id, scope)
     counts = BatchCounts(
         total=int(m["total"]), completed=completed, failed=failed, in_flight=in_flight
     )
@@ -74,6 +79,7 @@ def status(ctx: Context, batch_id: str) -> BatchStatus:
         finished_ms=int(m["finished_ms"]) if m.get("finished_ms") else None,
         webhook_url=m["webhook_url"] or None,
         error=m.get("error") or None,
+        tenant=m.get("tenant") or None,
     )
 
 
@@ -88,9 +94,9 @@ def iter_lines(ctx: Context, batch_id: str, start: int = 0) -> Iterator[list[Bat
         start += len(chunk)
 
 
-def results(ctx: Context, batch_id: str) -> Results:
+def results(ctx: Context, batch_id: str, scope: str | None = None) -> Results:
     """(output lines, error lines), each in input order."""
-    meta(ctx, batch_id)  # raises NotFound
+    meta(ctx, batch_id, scope)  # raises NotFound
     outputs: list[bytes] = []
     errors: list[bytes] = []
     for chunk in iter_lines(ctx, batch_id):
@@ -104,12 +110,26 @@ def results(ctx: Context, batch_id: str) -> Results:
     return outputs, errors
 
 
-def list_batches(ctx: Context, limit: int = 50) -> list[BatchStatus]:
-    """The newest batches first; ones that expired are left out."""
-    found = []
-    for raw in ctx.redis.zrevrange(ctx.bkeys.batches(), 0, limit - 1):
+def list_batches(ctx: Context, limit: int = 50, scope: str | None = None) -> list[BatchStatus]:
+    """The newest batches first (with a ``scope``, only that tenant's); ones that
+    expired are left out, and dropped from the index."""
+    found: list[BatchStatus] = []
+    expired: list[str] = []
+    for batch_id in _newest_first(ctx):
+        if len(found) == limit:
+            break
         try:
-            found.append(status(ctx, text(raw)))
-        except NotFound:
-            ctx.redis.zrem(ctx.bkeys.batches(), text(raw))
+            found.append(status(ctx, batch_id, scope))
+        except NotFound:  # another tenant's, or expired
+            if not ctx.redis.exists(ctx.bkeys.meta(batch_id)):
+                expired.append(batch_id)
+    if expired:
+        ctx.redis.zrem(ctx.bkeys.batches(), *expired)
     return found
+
+
+def _newest_first(ctx: Context) -> Iterator[str]:
+    start = 0
+    while page := ctx.redis.zrevrange(ctx.bkeys.batches(), start, start + CHUNK - 1):
+        yield from map(text, page)
+        start += len(page)

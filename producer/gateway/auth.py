@@ -3,6 +3,9 @@
 A key asking for more than its ``max_priority`` is refused with 403 rather than
 silently capped, so a caller never believes it got a priority it did not. A request
 that names no priority gets ``normal``, lowered to the key's maximum when that is less.
+
+With keys configured, each tenant sees only its own requests and batches: another
+tenant's id answers 404, as one that does not exist would.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ _bearer = HTTPBearer(auto_error=False, description="an API key from TOKENQ_API_K
 class Principal:
     tenant: str
     max_priority: int
+    sees_all: bool = False  # an open gateway (no keys) has no tenants to keep apart
+
+    @property
+    def scope(self) -> str | None:
+        """The tenant whose requests and batches this caller may see; None for all."""
+        return None if self.sees_all else self.tenant
 
 
 def authenticate(
@@ -33,7 +42,7 @@ def authenticate(
 ) -> Principal:
     keys: ApiKeys = request.app.state.api_keys
     if keys.open:
-        return Principal(OPEN_TENANT, MAX_PRIORITY)
+        return Principal(OPEN_TENANT, MAX_PRIORITY, sees_all=True)
     if credentials is None:
         raise _unauthorized("missing API key: send it as 'Authorization: Bearer <key>'")
     key = keys.lookup(credentials.credentials)

@@ -61,25 +61,33 @@ class Backend:
             self.metrics.accepted(request.model, request.priority, api)
         return Submitted(enqueued.request_id, enqueued.duplicate, request)
 
-    async def view(self, request_id: str) -> tuple[RequestStatus, Result | None]:
-        """Status (with queue position) and the result once there is one, in one round trip."""
+    async def view(
+        self, request_id: str, scope: str | None = None
+    ) -> tuple[RequestStatus, Result | None]:
+        """Status (with queue position) and the result once there is one, in one round
+        trip. With a ``scope`` (a tenant), another tenant's request is NotFound."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(self.keys.request(request_id), VIEW_FIELDS)
         pipe.zrank(self.keys.queue(tag_of(request_id)), request_id)
         raw, rank = await pipe.execute()
         fields = decode_hash(raw, VIEW_FIELDS)
         status = status_from_hash(request_id, fields, None if rank is None else int(rank))
+        if scope is not None and status.tenant != scope:
+            raise _missing(request_id)
         return status, result_from_hash(request_id, fields)
 
-    async def status(self, request_id: str) -> RequestStatus:
-        return (await self.view(request_id))[0]
+    async def status(self, request_id: str, scope: str | None = None) -> RequestStatus:
+        return (await self.view(request_id, scope))[0]
 
-    async def cancel(self, request_id: str) -> str:
-        """'cancelled' (was queued), 'requested' (running: its worker stops it) or 'done'."""
+    async def cancel(self, request_id: str, scope: str | None = None) -> str:
+        """'cancelled' (was queued), 'requested' (running: its worker stops it) or 'done'.
+        With a ``scope``, another tenant's request is NotFound and left alone."""
+        if scope is not None:
+            await self.status(request_id, scope)  # a request's tenant never changes
         reply = await self._scripts.run(cancel_call(self.keys, self.settings, request_id))
         outcome = reply.decode() if isinstance(reply, bytes) else str(reply)
         if outcome == "missing":
-            raise NotFound(f"request {request_id} does not exist (or has expired)")
+            raise _missing(request_id)
         return outcome
 
     async def events(self, request_id: str, after: str = "0-0") -> AsyncIterator[list[Entry]]:
@@ -97,7 +105,11 @@ class Backend:
 
     async def _check_exists(self, request_id: str) -> None:
         if not await self.redis.exists(self.keys.request(request_id)):
-            raise NotFound(f"request {request_id} does not exist (or has expired)")
+            raise _missing(request_id)
+
+
+def _missing(request_id: str) -> NotFound:
+    return NotFound(f"request {request_id} does not exist (or has expired)")
 
 
 def model_not_found(model: str) -> ApiError:

@@ -66,37 +66,39 @@ async def create_batch(
         priority=priority,
         model=body.model,
         webhook_url=body.webhook_url,
+        tenant=caller.tenant,
     )
     return await _run(batches.status, batch_id)
 
 
 @router.get("", response_model=list[BatchStatus], responses=error_responses(400, 401))
-async def list_batches(batches: BatchesDep, _: Caller, limit: int = 50) -> list[BatchStatus]:
-    return await _run(batches.list, max(1, min(limit, 500)))
+async def list_batches(batches: BatchesDep, caller: Caller, limit: int = 50) -> list[BatchStatus]:
+    """The newest batches first (with API keys, the caller's tenant's only)."""
+    return await _run(batches.list, max(1, min(limit, 500)), caller.scope)
 
 
 @router.get("/{batch_id}", response_model=BatchStatus, responses=error_responses(400, 401, 404))
-async def get_batch(batch_id: str, batches: BatchesDep, _: Caller) -> BatchStatus:
-    return await _run(batches.status, batch_id)
+async def get_batch(batch_id: str, batches: BatchesDep, caller: Caller) -> BatchStatus:
+    return await _run(batches.status, batch_id, caller.scope)
 
 
 @router.post(
     "/{batch_id}/cancel", response_model=BatchStatus, responses=error_responses(400, 401, 404)
 )
-async def cancel_batch(batch_id: str, batches: BatchesDep, _: Caller) -> BatchStatus:
+async def cancel_batch(batch_id: str, batches: BatchesDep, caller: Caller) -> BatchStatus:
     """Stop the batch: queued lines are cancelled; finished lines keep their output."""
-    return await _run(batches.cancel, batch_id)
+    return await _run(batches.cancel, batch_id, caller.scope)
 
 
 @router.get("/{batch_id}/output", response_class=Response, responses=error_responses(400, 401, 404))
-async def batch_output(batch_id: str, batches: BatchesDep, _: Caller) -> Response:
+async def batch_output(batch_id: str, batches: BatchesDep, caller: Caller) -> Response:
     """The output JSONL, one line per finished custom_id, in input order."""
-    outputs, _errors = await _run(batches.results, batch_id)
+    outputs, _errors = await _run(batches.results, batch_id, caller.scope)
     return Response(b"".join(line + b"\n" for line in outputs), media_type=JSONL)
 
 
 @router.get("/{batch_id}/errors", response_class=Response, responses=error_responses(400, 401, 404))
-async def batch_errors(batch_id: str, batches: BatchesDep, _: Caller) -> Response:
+async def batch_errors(batch_id: str, batches: BatchesDep, caller: Caller) -> Response:
     """The error JSONL, one line per failed or cancelled custom_id."""
-    _outputs, errors = await _run(batches.results, batch_id)
+    _outputs, errors = await _run(batches.results, batch_id, caller.scope)
     return Response(b"".join(line + b"\n" for line in errors), media_type=JSONL)

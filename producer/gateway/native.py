@@ -115,18 +115,18 @@ async def submit(
 @router.get(
     "/{request_id}", response_model=RequestView, responses=error_responses(400, 401, 404, 503)
 )
-async def get_request(request_id: RequestId, _: Caller, backend: BackendDep) -> RequestView:
+async def get_request(request_id: RequestId, caller: Caller, backend: BackendDep) -> RequestView:
     """State, queue position and, once it has ended, the result."""
-    status, result = await backend.view(request_id)
+    status, result = await backend.view(request_id, caller.scope)
     return RequestView(**status.model_dump(), result=result)
 
 
 @router.delete(
     "/{request_id}", response_model=CancelReply, responses=error_responses(400, 401, 404, 503)
 )
-async def cancel(request_id: RequestId, _: Caller, backend: BackendDep) -> CancelReply:
+async def cancel(request_id: RequestId, caller: Caller, backend: BackendDep) -> CancelReply:
     """Cancel: a queued request ends at once, a running one within one engine step."""
-    outcome = await backend.cancel(request_id)
+    outcome = await backend.cancel(request_id, caller.scope)
     return CancelReply(id=request_id, outcome=outcome)
 
 
@@ -143,7 +143,7 @@ async def cancel(request_id: RequestId, _: Caller, backend: BackendDep) -> Cance
 )
 async def events(
     request_id: RequestId,
-    _: Caller,
+    caller: Caller,
     backend: BackendDep,
     after: Annotated[str | None, Query(pattern=STREAM_ID, description="resume after it")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID)] = None,
@@ -151,7 +151,7 @@ async def events(
     """The request's events as SSE: ``id`` is the Redis Stream id, ``event`` is token or
     final (or error). Reconnect with ``Last-Event-ID`` (or ``?after=``) to resume."""
     cursor = _cursor(last_event_id, after)
-    await backend.status(request_id)  # 404 before the stream starts
+    await backend.status(request_id, caller.scope)  # 404 before the stream starts
     return SSEResponse(_event_frames(backend, request_id, cursor))
 
 

@@ -6,6 +6,7 @@
 -- ARGV[4] max queued   ARGV[5] idempotency ttl s   ARGV[6] idempotency key text or ''
 -- ARGV[7] deadline ms or ''   ARGV[8] model   ARGV[9] lifecycle channel   ARGV[10] max priority
 -- ARGV[11] '1' to refuse a model no worker has served recently, '0' to queue it anyway
+-- ARGV[12] tenant (who submitted it) or ''
 -- Returns {'ok', id} | {'duplicate', existing id} | {'full', queued count}
 --       | {'unknown_model', ''}
 --
@@ -26,6 +27,7 @@ local score = band * 70368744177664 + 35184372088832 + seq
 local now = now_ms()
 redis.call('HSET', KEYS[3], 'payload', ARGV[2], 'state', 'queued', 'model', ARGV[8],
   'priority', ARGV[3], 'seq', seq, 'attempts', 0, 'created_ms', now, 'num_generated', 0)
+if ARGV[12] ~= '' then redis.call('HSET', KEYS[3], 'tenant', ARGV[12]) end
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[3], 'deadline_ms', ARGV[7])
   redis.call('ZADD', KEYS[6], ARGV[7], id)

@@ -65,6 +65,15 @@ def test_idempotency_key_returns_the_original_request(client: Client) -> None:
     assert client.redis.zcard(Keys().queue(TAG)) == 1
 
 
+def test_an_idempotency_key_is_scoped_to_its_tenant(client: Client) -> None:
+    acme = client.submit("a", idempotency_key="order-17", metadata={"tenant": "acme"})
+    beta = client.submit("b", idempotency_key="order-17", metadata={"tenant": "beta"})
+    acme_again = client.submit("a", idempotency_key="order-17", metadata={"tenant": "acme"})
+    assert beta.id != acme.id and acme_again.id == acme.id
+    assert (acme.status().tenant, beta.status().tenant) == ("acme", "beta")
+    assert client.redis.zcard(Keys().queue(TAG)) == 2
+
+
 def test_a_request_is_claimed_once_even_when_two_workers_race(client: Client) -> None:
     client.submit("a")
     keys, s = client.keys, client.settings

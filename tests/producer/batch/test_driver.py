@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import orjson
+import pytest
 
 from producer.batch import driver, store
 from producer.batch.models import BatchState
 from producer.batch.ops import Batches
 from producer.batch.store import text
 from producer.client import Client
+from shared.errors import NotFound
 from shared.models import RequestState
 from shared.settings import Settings
 from tests.producer.batch.conftest import jsonl
@@ -66,6 +68,26 @@ def test_fan_out_keeps_to_the_in_flight_cap_and_the_batch_priority(
     client = Client(connection=batches.ctx.redis)
     pending = text(batches.ctx.redis.hget(batches.ctx.bkeys.pending(batch_id), "line-0"))
     assert client.handle(pending.split(":")[1]).status().priority == 75
+
+
+def test_a_batchs_lines_run_as_its_tenant_whatever_they_claim(
+    make_batches: Callable[..., Batches],
+) -> None:
+    batches = make_batches()
+    line = orjson.loads(jsonl(1))
+    line["body"]["metadata"] = {"tenant": "someone-else", "note": "kept"}
+    batch_id = batches.submit([line], tenant="acme")
+    driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
+    pending = text(batches.ctx.redis.hget(batches.ctx.bkeys.pending(batch_id), "line-0"))
+    request_id = pending.split(":")[1]
+    payload = orjson.loads(batches.ctx.redis.hget(batches.ctx.keys.request(request_id), "payload"))
+    assert payload["metadata"]["tenant"] == "acme" and payload["metadata"]["note"] == "kept"
+    assert Client(connection=batches.ctx.redis).handle(request_id).status().tenant == "acme"
+    assert batches.status(batch_id, scope="acme").tenant == "acme"
+    with pytest.raises(NotFound, match="does not exist"):
+        batches.status(batch_id, scope="beta")
+    assert [b.id for b in batches.list(scope="acme")] == [batch_id]
+    assert batches.list(scope="beta") == []
 
 
 def test_a_full_queue_makes_the_batch_wait_and_then_continue(

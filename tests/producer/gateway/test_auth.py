@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from producer.gateway.auth import Principal, priority_for
@@ -60,3 +61,61 @@ def test_health_needs_no_key(keyed_gateway: RunningGateway) -> None:
     with keyed_gateway.client() as http:
         assert http.get("/healthz").status_code == 200
         assert http.get("/readyz").status_code == 200
+
+
+OPS = {"Authorization": "Bearer sk-ops"}
+
+
+def _submit(http: httpx.Client, headers: dict[str, str], **fields: object) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "x", **fields}
+    return http.post("/v1/requests", json=body, headers=headers)
+
+
+def _events_answer(http: httpx.Client, request_id: str, headers: dict[str, str]) -> httpx.Response:
+    """The answer to an events request, read only if it is not a stream (which, for a
+    queued request, would not end)."""
+    with http.stream("GET", f"/v1/requests/{request_id}/events", headers=headers) as answer:
+        if answer.status_code != 200:
+            answer.read()
+        return answer
+
+
+def test_a_tenant_cannot_see_or_cancel_another_tenants_request(
+    keyed_gateway: RunningGateway,
+) -> None:
+    keyed_gateway.worker.stop()  # it stays queued, so a cancel would take effect
+    with keyed_gateway.client() as http:
+        request_id = _submit(http, WEB).json()["id"]
+        as_ops = [
+            http.get(f"/v1/requests/{request_id}", headers=OPS),
+            _events_answer(http, request_id, OPS),
+            http.delete(f"/v1/requests/{request_id}", headers=OPS),
+        ]
+        as_web = http.get(f"/v1/requests/{request_id}", headers=WEB)
+    assert [r.status_code for r in as_ops] == [404, 404, 404]
+    message = f"request {request_id} does not exist (or has expired)"
+    assert all(r.json()["error"]["message"] == message for r in as_ops)  # nothing leaks
+    assert as_web.status_code == 200
+    assert (as_web.json()["state"], as_web.json()["tenant"]) == ("queued", "web")
+
+
+def test_the_same_idempotency_key_from_two_tenants_makes_two_requests(
+    keyed_gateway: RunningGateway,
+) -> None:
+    keyed_gateway.worker.stop()
+    with keyed_gateway.client() as http:
+        web = _submit(http, WEB, idempotency_key="order-1")
+        ops = _submit(http, OPS, idempotency_key="order-1")
+        web_again = _submit(http, WEB, idempotency_key="order-1")
+    assert (web.status_code, ops.status_code, web_again.status_code) == (202, 202, 200)
+    assert ops.json()["id"] != web.json()["id"] == web_again.json()["id"]
+
+
+def test_an_open_gateway_sees_every_request(gateway: RunningGateway) -> None:
+    gateway.worker.stop()
+    with gateway.client() as http:
+        request_id = _submit(http, {}).json()["id"]
+        view = http.get(f"/v1/requests/{request_id}")
+        cancel = http.delete(f"/v1/requests/{request_id}")
+    assert (view.status_code, view.json()["tenant"]) == (200, "default")
+    assert cancel.json()["outcome"] == "cancelled"

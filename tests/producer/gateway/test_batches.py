@@ -50,3 +50,25 @@ def test_bad_batches_get_clear_errors(gateway: RunningGateway) -> None:
         no_secret = http.post("/v1/batches", json=hooked)
         assert no_secret.status_code == 503
         assert "TOKENQ_WEBHOOK_SECRET" in orjson.loads(no_secret.content)["error"]["message"]
+
+
+def test_a_tenant_sees_and_cancels_only_its_own_batches(keyed_gateway: RunningGateway) -> None:
+    web, ops = {"Authorization": "Bearer sk-web"}, {"Authorization": "Bearer sk-ops"}
+    with keyed_gateway.client() as http:
+        created = http.post("/v1/batches", json={"requests": _lines(1)}, headers=web)
+        assert created.status_code == 201, created.text
+        batch_id = created.json()["id"]
+        assert created.json()["tenant"] == "web"
+        others = [
+            http.get(f"/v1/batches/{batch_id}", headers=ops),
+            http.post(f"/v1/batches/{batch_id}/cancel", headers=ops),
+            http.get(f"/v1/batches/{batch_id}/output", headers=ops),
+            http.get(f"/v1/batches/{batch_id}/errors", headers=ops),
+        ]
+        listed_for_ops = http.get("/v1/batches", headers=ops).json()
+        listed_for_web = http.get("/v1/batches", headers=web).json()
+        mine = http.get(f"/v1/batches/{batch_id}", headers=web).json()
+    assert [r.status_code for r in others] == [404, 404, 404, 404]
+    assert listed_for_ops == []
+    assert [b["id"] for b in listed_for_web] == [batch_id]
+    assert mine["state"] == "in_progress"  # the other tenant's cancel did nothing
