@@ -12,7 +12,12 @@ the time it reached its SSE reader less the time it reached the direct reader; t
 percentiles of that, token by token, are the figures (publisher and Redis delays are in
 both and cancel).
 
+``--api native`` (the default) follows requests queued beforehand on the native events
+route; ``--api openai`` submits each one as an OpenAI streaming chat completion and reads
+its chunks, as the ``openai`` package would.
+
     python bench/gateway.py [--levels 100,250,500,750,1000] [--seconds 5] [--tokens-per-s 20]
+                            [--api native|openai]
 
 Everything runs on loopback: its own redis-server and one gateway process.
 """
@@ -66,6 +71,7 @@ WARMUP_S = 0.5
 CONNECT_TIMEOUT_S = 60.0
 MAX_LEVEL_S = 120.0
 OnToken = Callable[[str, bytes, int], None]
+REQUEST_ID_HEADER = re.compile(rb"(?i)\r\nx-tokenq-request-id: ([0-9a-f-]+)\r\n")
 TOKEN_JSON = '{"type":"token","index":%d,"token_ids":[%d],"text":"%d ","logprobs":null}'
 
 
@@ -144,6 +150,7 @@ class Bench:
     settings: Settings
     tokens_per_s: float
     seconds: float
+    api: str = "native"
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.namespace)
@@ -265,24 +272,29 @@ def _sidecar_main(b: Bench, conn: Any) -> None:
 # Through the gateway.
 class SSEReader(asyncio.Protocol):
     """A lean SSE client: stamps bytes as they arrive, in the loop's read callback, so
-    one reader's turn never delays another's timestamp (a task per stream would)."""
+    one reader's turn never delays another's timestamp (a task per stream would). It
+    sends ``request``; with no ``request_id`` it learns it from the response headers."""
 
-    def __init__(self, request_id: str, on_token: OnToken, connected: asyncio.Event) -> None:
-        self.request_id, self.on_token, self.connected = request_id, on_token, connected
+    def __init__(
+        self, request: bytes, request_id: str, on_token: OnToken, connected: asyncio.Event
+    ) -> None:
+        self.request, self.request_id = request, request_id
+        self.on_token, self.connected = on_token, connected
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        path = f"/v1/requests/{self.request_id}/events"
-        transport.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())  # type: ignore[attr-defined]
+        transport.write(self.request)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         received_ns = time.time_ns()
         if not self.connected.is_set() and b"\r\n\r\n" in data:
+            if not self.request_id and (found := REQUEST_ID_HEADER.search(data)):
+                self.request_id = found.group(1).decode()
             self.connected.set()  # headers in; the body follows (chunk sizes never match STAMP)
         self.on_token(self.request_id, data, received_ns)
-        if b"event: final" in data and self.transport is not None:
+        if (b"event: final" in data or b"data: [DONE]" in data) and self.transport is not None:
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -290,23 +302,51 @@ class SSEReader(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def read_sse(b: Bench, request_id: str, on_token: OnToken, connected: asyncio.Event) -> None:
+def native_request(request_id: str) -> bytes:
+    path = f"/v1/requests/{request_id}/events"
+    return f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
+
+
+def openai_request() -> bytes:
+    messages = [{"role": "user", "content": "bench"}]
+    body = orjson.dumps({"model": MODEL, "messages": messages, "stream": True})
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def read_sse(b: Bench, reader: SSEReader) -> None:
     host, port = b.gateway_url.removeprefix("http://").split(":")
-    loop = asyncio.get_running_loop()
-    _, reader = await loop.create_connection(
-        lambda: SSEReader(request_id, on_token, connected), host, int(port)
-    )
+    await asyncio.get_running_loop().create_connection(lambda: reader, host, int(port))
     await reader.done
 
 
-async def connect_sse(b: Bench, ids: list[str], on_token: OnToken) -> list[asyncio.Future[None]]:
-    events = [asyncio.Event() for _ in ids]
-    readers: list[asyncio.Future[None]] = [
-        asyncio.ensure_future(read_sse(b, i, on_token, e)) for i, e in zip(ids, events, strict=True)
-    ]
+async def connect_sse(
+    b: Bench, requests: list[tuple[bytes, str]], on_token: OnToken
+) -> tuple[list[asyncio.Future[None]], list[str]]:
+    """One reader per (HTTP request, request id or ''), connected and past the headers;
+    the readers and the request ids."""
+    events = [asyncio.Event() for _ in requests]
+    readers = [SSEReader(req, i, on_token, e) for (req, i), e in zip(requests, events, strict=True)]
+    running: list[asyncio.Future[None]] = [asyncio.ensure_future(read_sse(b, x)) for x in readers]
     async with asyncio.timeout(CONNECT_TIMEOUT_S):
         await asyncio.gather(*(e.wait() for e in events))
-    return readers
+    return running, [x.request_id for x in readers]
+
+
+async def connect_level(
+    r: redis.asyncio.Redis, b: Bench, n: int, on_token: OnToken
+) -> tuple[list[asyncio.Future[None]], list[str], dict[str, str]]:
+    """``n`` requests queued, claimed by the synthetic worker, and followed over SSE."""
+    if b.api == "openai":  # each reader submits its own request
+        readers, ids = await connect_sse(b, [(openai_request(), "")] * n, on_token)
+        if not all(ids):
+            raise RuntimeError("a chat completion answered without its request id")
+        return readers, ids, await claim_all(r, b)
+    ids = await enqueue(r, b, n)
+    held = await claim_all(r, b)
+    readers, _ = await connect_sse(b, [(native_request(i), i) for i in ids], on_token)
+    return readers, ids, held
 
 
 # One level.
@@ -314,10 +354,8 @@ async def run_level(
     r: redis.asyncio.Redis, b: Bench, publisher: Sidecar, direct_reader: Sidecar, n: int
 ) -> Level:
     await asyncio.sleep(1.0)  # let the previous level's connections drain
-    ids = await enqueue(r, b, n)
-    held = await claim_all(r, b)
     gw = Arrivals(after_ns=0)  # nothing is published before the window
-    sse_readers = await connect_sse(b, ids, gw.record)
+    sse_readers, ids, held = await connect_level(r, b, n, gw.record)
     gw.after_ns = time.time_ns() + int(WARMUP_S * 1e9)
     direct = asyncio.ensure_future(direct_reader.run("read_direct", ids, gw.after_ns))
     cpu_before, wall_before = cpu_s(b.gateway_pid), time.monotonic()
@@ -458,6 +496,9 @@ def main() -> None:
     parser.add_argument("--levels", default="100,250,500,750,1000", help="concurrent streams")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
     parser.add_argument("--tokens-per-s", type=float, default=20.0, help="tokens/s per stream")
+    parser.add_argument(
+        "--api", choices=["native", "openai"], default="native", help="which SSE route to read"
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     server = EmbeddedRedis().start()
@@ -470,9 +511,11 @@ def main() -> None:
             Settings(redis_url=server.url, max_queued=100_000),
             args.tokens_per_s,
             args.seconds,
+            args.api,
         )
         print(
-            f"tokenq gateway bench: {os.cpu_count()} CPUs, {server.kind}, one gateway process, "
+            f"tokenq gateway bench ({args.api} SSE): {os.cpu_count()} CPUs, {server.kind}, "
+            "one gateway process, "
             f"{args.tokens_per_s:g} tokens/s per stream, {args.seconds:g} s per level "
             f"(latencies in ms, publish to receive)"
         )
