@@ -19,6 +19,15 @@ START_TIMEOUT_S = 30.0
 @contextmanager
 def gateway_process(redis_url: str, api_keys: str = "", **env: str) -> Iterator[str]:
     """Start a gateway on a free loopback port; yields its base URL; kills it after."""
+    with started_gateway(redis_url, api_keys, **env) as (url, _):
+        yield url
+
+
+@contextmanager
+def started_gateway(
+    redis_url: str, api_keys: str = "", **env: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """As ``gateway_process``, also yielding the process (for tests that kill it)."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -38,7 +47,7 @@ def gateway_process(redis_url: str, api_keys: str = "", **env: str) -> Iterator[
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
