@@ -74,8 +74,7 @@ class Batches:
     def cancel(self, batch_id: str, scope: str | None = None) -> BatchStatus:
         """Stop the batch: queued lines are removed at once, running ones stop within a
         step; lines done so far keep their results. A batch that has ended is left as is."""
-        store.meta(self.ctx, batch_id, scope)  # a batch's tenant never changes
-        if self._mark_cancelling(batch_id):
+        if self._mark_cancelling(batch_id, scope):
             driver.cancel_pending(self.ctx, batch_id)
         return self.status(batch_id)
 
@@ -89,13 +88,13 @@ class Batches:
             raise BatchEnded(f"batch {batch_id} has already ended; nothing to resume")
         return chain.start(self.ctx, batch_chain(self.ctx, batch_id))
 
-    def _mark_cancelling(self, batch_id: str) -> bool:
+    def _mark_cancelling(self, batch_id: str, scope: str | None) -> bool:
         key = self.ctx.bkeys.meta(batch_id)
         with self.ctx.redis.pipeline(transaction=True) as pipe:
             for _ in range(chain.MAX_WATCH_TRIES):
                 try:
                     pipe.watch(key)  # type: ignore[no-untyped-call]
-                    if store.meta(self.ctx, batch_id)["state"] != BatchState.IN_PROGRESS:
+                    if store.meta(self.ctx, batch_id, scope)["state"] != BatchState.IN_PROGRESS:
                         return False
                     pipe.multi()
                     pipe.hset(key, "state", BatchState.CANCELLING.value)

@@ -18,8 +18,9 @@ from producer.gateway.registry import ModelRegistry
 from producer.requests import validate_request
 from shared.errors import NotFound
 from shared.keys import Keys, new_request_id, tag_of
-from shared.models import GenerationRequest, RequestStatus, Result
+from shared.models import TENANT, GenerationRequest, RequestStatus, Result
 from shared.records import STATUS_FIELDS, decode_hash, result_from_hash, status_from_hash
+from shared.replies import text
 from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
 from shared.settings import Settings
 
@@ -72,8 +73,7 @@ class Backend:
         raw, rank = await pipe.execute()
         fields = decode_hash(raw, VIEW_FIELDS)
         status = status_from_hash(request_id, fields, None if rank is None else int(rank))
-        if scope is not None and status.tenant != scope:
-            raise _missing(request_id)
+        _require_owner(request_id, status.tenant, scope)
         return status, result_from_hash(request_id, fields)
 
     async def status(self, request_id: str, scope: str | None = None) -> RequestStatus:
@@ -82,8 +82,9 @@ class Backend:
     async def cancel(self, request_id: str, scope: str | None = None) -> str:
         """'cancelled' (was queued), 'requested' (running: its worker stops it) or 'done'.
         With a ``scope``, another tenant's request is NotFound and left alone."""
-        if scope is not None:
-            await self.status(request_id, scope)  # a request's tenant never changes
+        if scope is not None:  # a request's tenant never changes, so check it first
+            owner = await self.redis.hget(self.keys.request(request_id), TENANT)
+            _require_owner(request_id, None if owner is None else text(owner), scope)
         reply = await self._scripts.run(cancel_call(self.keys, self.settings, request_id))
         outcome = reply.decode() if isinstance(reply, bytes) else str(reply)
         if outcome == "missing":
@@ -106,6 +107,12 @@ class Backend:
     async def _check_exists(self, request_id: str) -> None:
         if not await self.redis.exists(self.keys.request(request_id)):
             raise _missing(request_id)
+
+
+def _require_owner(request_id: str, tenant: str | None, scope: str | None) -> None:
+    """Another tenant's request looks exactly like one that does not exist."""
+    if scope is not None and tenant != scope:
+        raise _missing(request_id)
 
 
 def _missing(request_id: str) -> NotFound:
