@@ -30,7 +30,7 @@ from shared.models import SamplingParams
 from shared.priority import Priority, parse_priority
 from worker.engine import Engine, EngineConfig, EngineRequest
 
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
 
 @dataclass

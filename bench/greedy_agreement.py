@@ -24,7 +24,7 @@ from tests.worker.engine.reference import Reference, greedy_references
 from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.model_store import resolve_model
 
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
 
 def greedy(max_tokens: int) -> SamplingParams:

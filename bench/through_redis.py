@@ -5,7 +5,7 @@ request of the workload submitted at once with `producer.Client.submit_many`;
 timing runs from the first submit to the last final event. The same requests then
 (or first) run in process on the engine alone, with the same engine settings.
 
-    python bench/through_redis.py [--workload ../shared/workloads/mixed200.jsonl]
+    python bench/through_redis.py [--workload bench/workloads/mixed200.jsonl]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from shared.settings import DEFAULT_MODEL, Settings
 from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.model_store import resolve_model
 
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
 
 def load(path: Path) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from tests.integration.faults import RedisProcess, all_done, audit_stream, wait_
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-WORKLOAD = Path(__file__).parents[2].parent / "shared" / "workloads" / "mixed200.jsonl"
+WORKLOAD = Path(__file__).resolve().parents[2] / "bench" / "workloads" / "mixed200.jsonl"
 Reference = Callable[[list[dict[str, Any]]], list[list[int]]]
 
 

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from shared.models import SamplingParams
 from worker.engine import EngineRequest
 
-WORKLOADS = Path(
-    os.environ.get("TOKENQ_WORKLOADS_DIR")
-    or Path(__file__).resolve().parents[4] / "shared" / "workloads"
-)
+WORKLOADS = Path(__file__).resolve().parents[3] / "bench" / "workloads"
 _ids = itertools.count()
 
 
