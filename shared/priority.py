@@ -52,3 +52,26 @@ def _check_range(value: int) -> int:
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
         raise ValueError(f"priority {value} is out of range {MIN_PRIORITY}..{MAX_PRIORITY}")
     return value
+
+
+# Queue scores. One band of SCORE_BAND per priority, the highest priority lowest;
+# within a band, work put back after its worker died sits in the lower half (it goes
+# first) and new work in the upper half, each in arrival order (``seq``). Always an
+# exact integer below 2**53, so a double holds it. The Lua scripts get these numbers
+# from here (``shared.scripts.load_source``), and the dashboard reads bands with them.
+SCORE_BAND = 2**46
+FRESH_OFFSET = 2**45
+
+
+def queue_score(priority: int, seq: int, *, resumed: bool = False) -> int:
+    """The queue score of a request of ``priority`` that arrived ``seq``-th."""
+    return (MAX_PRIORITY - priority) * SCORE_BAND + (0 if resumed else FRESH_OFFSET) + seq
+
+
+def lua_constants() -> str:
+    """The same numbers as Lua locals, for the scripts' shared library."""
+    return (
+        f"local MAX_PRIORITY = {MAX_PRIORITY}\n"
+        f"local SCORE_BAND = {SCORE_BAND}\n"
+        f"local FRESH_OFFSET = {FRESH_OFFSET}\n"
+    )

@@ -19,7 +19,7 @@ import redis.asyncio
 from shared.errors import QueueFull, UnknownModel
 from shared.keys import Keys, model_tag, tag_of
 from shared.models import GenerationRequest, dumps
-from shared.priority import MAX_PRIORITY
+from shared.priority import lua_constants
 from shared.replies import text
 from shared.settings import Settings
 
@@ -39,9 +39,10 @@ ARG = str | int | float
 
 @cache
 def load_source(name: str) -> str:
-    """The script's source with the shared helper library in front of it."""
+    """The script's source with the shared constants and helper library in front of it."""
     lua = resources.files("shared") / "lua"
-    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    library = (lua / "_lib.lua").read_text()
+    return lua_constants() + library + "\n" + (lua / f"{name}.lua").read_text()
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,6 @@ def enqueue_call(
             "" if req.deadline_ms is None else req.deadline_ms,
             req.model,
             keys.lifecycle_channel(),
-            MAX_PRIORITY,
             "1" if settings.require_known_model else "0",
             req.tenant or "",
         ],
@@ -287,7 +287,6 @@ def reap_call(keys: Keys, settings: Settings, tag: str, ids: list[str]) -> Scrip
             settings.max_attempts,
             settings.result_ttl_s,
             keys.lifecycle_channel(),
-            MAX_PRIORITY,
             *ids,
         ],
     )
@@ -308,7 +307,7 @@ def release_call(keys: Keys, tag: str, held: dict[str, str]) -> ScriptCall:
             keys.wakeup(tag),
             *(keys.request(rid) for rid in held),
         ],
-        [keys.lifecycle_channel(), MAX_PRIORITY, *pairs],
+        [keys.lifecycle_channel(), *pairs],
     )
 
 
@@ -324,5 +323,5 @@ def retry_call(keys: Keys, request_id: str) -> ScriptCall:
             keys.stream(request_id),
             keys.wakeup(tag),
         ],
-        [request_id, keys.lifecycle_channel(), MAX_PRIORITY],
+        [request_id, keys.lifecycle_channel()],
     )

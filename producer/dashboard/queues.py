@@ -1,8 +1,7 @@
 """Queue figures per model and priority, read in a few pipelined round trips.
 
-A queue's score is ``(MAX_PRIORITY - priority) * 2**46 + ...`` (see enqueue.lua): one
-band per priority, requeued work in its lower half and new work in its upper half, in
-arrival order. So ZCOUNT over a band is that priority's depth, and the first member of
+A queue's score is ``shared.priority.queue_score``: one band per priority, requeued
+work in its lower half and new work in its upper half, in arrival order. So ZCOUNT over a band is that priority's depth, and the first member of
 each half is the longest waiting.
 """
 
@@ -15,11 +14,9 @@ from pydantic import BaseModel
 
 from producer.dashboard.values import int_or_none
 from shared.keys import Keys
-from shared.priority import MAX_PRIORITY, MIN_PRIORITY, priority_name
+from shared.priority import FRESH_OFFSET, MAX_PRIORITY, MIN_PRIORITY, SCORE_BAND, priority_name
 from shared.replies import text
 
-BAND = 2**46
-HALF = 2**45
 PRIORITIES = range(MAX_PRIORITY, MIN_PRIORITY - 1, -1)
 
 
@@ -52,11 +49,11 @@ async def known_models(r: redis.asyncio.Redis, keys: Keys, limit: int) -> dict[s
 
 def band_range(priority: int, half: int | None = None) -> tuple[int, str]:
     """ZCOUNT/ZRANGE bounds of a priority's band (or of its lower/upper half)."""
-    low = (MAX_PRIORITY - priority) * BAND
+    low = (MAX_PRIORITY - priority) * SCORE_BAND
     if half is not None:
-        low += half * HALF
-        return low, f"({low + HALF}"
-    return low, f"({low + BAND}"
+        low += half * FRESH_OFFSET
+        return low, f"({low + FRESH_OFFSET}"
+    return low, f"({low + SCORE_BAND}"
 
 
 async def queue_stats(

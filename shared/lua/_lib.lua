@@ -1,4 +1,5 @@
--- Helpers prepended to every script. Timestamps come from Redis's own clock so
+-- Helpers prepended to every script (after MAX_PRIORITY, SCORE_BAND and FRESH_OFFSET,
+-- which come from shared/priority.py). Timestamps come from Redis's own clock so
 -- that producers and workers on different hosts agree.
 local function now_ms()
   local t = redis.call('TIME')
@@ -49,3 +50,33 @@ local function finalize(h, stream, history, id, state, final_json, finished_ms, 
   remember(history, id, state, finished_ms)
   return encoded
 end
+
+-- A queue score (see shared/priority.py): new work in the upper half of its priority's
+-- band, work put back after its worker died or stopped in the lower half.
+local function queue_score(priority, seq, resumed)
+  local score = (MAX_PRIORITY - tonumber(priority)) * SCORE_BAND + tonumber(seq)
+  if resumed then return score end
+  return score + FRESH_OFFSET
+end
+
+-- Wake one idle worker blocked on the model's wakeup list (a list of at most one item).
+local function wake(wakeup)
+  redis.call('LPUSH', wakeup, '1')
+  redis.call('LTRIM', wakeup, 0, 0)
+end
+
+-- Put a running request back at the front of its priority band, with no worker.
+local function put_back(h, queue, id)
+  local priority, seq = unpack(redis.call('HMGET', h, 'priority', 'seq'))
+  redis.call('ZADD', queue, queue_score(priority, seq, true), id)
+  redis.call('HSET', h, 'state', 'queued')
+  redis.call('HDEL', h, 'worker', 'lease_token')
+end
+
+-- The final event of a request that ends before producing anything.
+local function unstarted_final(reason, error)
+  return cjson.encode({type = 'final', finish_reason = reason,
+    usage = {prompt_tokens = 0, completion_tokens = 0}, error = error})
+end
+local EXPIRED_JSON = unstarted_final('expired', 'deadline passed while queued')
+local CANCELLED_JSON = unstarted_final('cancelled', cjson.null)

@@ -8,10 +8,8 @@ local state = redis.call('HGET', KEYS[2], 'state')
 if not state then return 'missing' end
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   redis.call('ZREM', KEYS[4], ARGV[1])
-  local final = cjson.encode({type = 'final', finish_reason = 'cancelled',
-    usage = {prompt_tokens = 0, completion_tokens = 0}, error = cjson.null})
   redis.call('HSET', KEYS[2], 'output', '{"text":"","token_ids":[]}')
-  finalize(KEYS[2], KEYS[3], {KEYS[5], KEYS[6]}, ARGV[1], 'cancelled', final, now_ms(), ARGV[2], ARGV[3])
+  finalize(KEYS[2], KEYS[3], {KEYS[5], KEYS[6]}, ARGV[1], 'cancelled', CANCELLED_JSON, now_ms(), ARGV[2], ARGV[3])
   return 'cancelled'
 end
 if state == 'running' then

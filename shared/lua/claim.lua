@@ -10,8 +10,6 @@
 -- request. Candidates whose deadline passed end as 'expired' without running.
 local now = now_ms()
 local out = {}
-local expired_json = cjson.encode({type = 'final', finish_reason = 'expired',
-  usage = {prompt_tokens = 0, completion_tokens = 0}, error = 'deadline passed while queued'})
 for i = 0, #ARGV - 5 do
   local id = ARGV[5 + i]
   local h, stream = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
@@ -19,7 +17,7 @@ for i = 0, #ARGV - 5 do
     local deadline = redis.call('HGET', h, 'deadline_ms')
     if deadline and tonumber(deadline) <= now then
       redis.call('ZREM', KEYS[4], id)
-      finalize(h, stream, {KEYS[5], KEYS[6]}, id, 'expired', expired_json, now, ARGV[3], ARGV[4])
+      finalize(h, stream, {KEYS[5], KEYS[6]}, id, 'expired', EXPIRED_JSON, now, ARGV[3], ARGV[4])
     else
       local attempts = redis.call('HINCRBY', h, 'attempts', 1)
       local token = ARGV[1] .. ':' .. now .. ':' .. attempts

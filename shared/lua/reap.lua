@@ -4,21 +4,15 @@
 -- KEYS[1] leases   KEYS[2] owners   KEYS[3] queue   KEYS[4] dead-letter set
 -- KEYS[5] deadlines   KEYS[6] wakeup list   KEYS[7] recent index   KEYS[8] failed index
 -- KEYS[9 + 2i], KEYS[10 + 2i]: request hash and stream of candidate i (i from 0)
--- ARGV[1] max attempts   ARGV[2] ttl s   ARGV[3] lifecycle channel   ARGV[4] max priority
--- ARGV[5 + i] candidate id i
+-- ARGV[1] max attempts   ARGV[2] ttl s   ARGV[3] lifecycle channel
+-- ARGV[4 + i] candidate id i
 -- Returns {requeued, dead, ended} counts (ended: expired while queued, or cancelled).
 local now = now_ms()
 local counts = {0, 0, 0}
 
 local function requeue(h, id)
-  local priority, seq = unpack(redis.call('HMGET', h, 'priority', 'seq'))
-  local band = tonumber(ARGV[4]) - tonumber(priority)
-  -- Lower half of the band: ahead of all new work of the same priority.
-  redis.call('ZADD', KEYS[3], band * 70368744177664 + tonumber(seq), id)
-  redis.call('HSET', h, 'state', 'queued')
-  redis.call('HDEL', h, 'worker', 'lease_token')
-  redis.call('LPUSH', KEYS[6], '1')
-  redis.call('LTRIM', KEYS[6], 0, 0)
+  put_back(h, KEYS[3], id)
+  wake(KEYS[6])
   redis.call('PUBLISH', ARGV[3], cjson.encode({event = 'requeued', id = id}))
 end
 
@@ -35,16 +29,13 @@ local function bury(h, stream, id, attempts)
   redis.call('PERSIST', stream)
 end
 
-local cancelled_json = cjson.encode({type = 'final', finish_reason = 'cancelled',
-  usage = {prompt_tokens = 0, completion_tokens = 0}, error = cjson.null})
-
 local function reclaim(h, stream, id)
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
   local attempts = tonumber(redis.call('HGET', h, 'attempts') or '0')
   if redis.call('HGET', h, 'cancel') == '1' then
     -- Cancelled while its worker was dying: end it rather than run it again.
-    finalize(h, stream, {KEYS[7], KEYS[8]}, id, 'cancelled', cancelled_json, now, ARGV[2], ARGV[3])
+    finalize(h, stream, {KEYS[7], KEYS[8]}, id, 'cancelled', CANCELLED_JSON, now, ARGV[2], ARGV[3])
     counts[3] = counts[3] + 1
   elseif attempts >= tonumber(ARGV[1]) then
     bury(h, stream, id, attempts)
@@ -55,11 +46,8 @@ local function reclaim(h, stream, id)
   end
 end
 
-local expired_json = cjson.encode({type = 'final', finish_reason = 'expired',
-  usage = {prompt_tokens = 0, completion_tokens = 0}, error = 'deadline passed while queued'})
-
-for i = 0, #ARGV - 5 do
-  local id = ARGV[5 + i]
+for i = 0, #ARGV - 4 do
+  local id = ARGV[4 + i]
   local h, stream = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
   local expiry = redis.call('ZSCORE', KEYS[1], id)
   local deadline = redis.call('ZSCORE', KEYS[5], id)
@@ -67,7 +55,7 @@ for i = 0, #ARGV - 5 do
     reclaim(h, stream, id)
   elseif deadline and tonumber(deadline) <= now and redis.call('ZREM', KEYS[3], id) == 1 then
     redis.call('ZREM', KEYS[5], id)
-    finalize(h, stream, {KEYS[7], KEYS[8]}, id, 'expired', expired_json, now, ARGV[2], ARGV[3])
+    finalize(h, stream, {KEYS[7], KEYS[8]}, id, 'expired', EXPIRED_JSON, now, ARGV[2], ARGV[3])
     counts[3] = counts[3] + 1
   end
 end

@@ -12,6 +12,7 @@ from producer.client import Client
 from shared.errors import QueueFull
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent, dumps
+from shared.priority import queue_score
 from shared.scripts import (
     Claimed,
     Scripts,
@@ -40,6 +41,14 @@ def test_higher_priority_first_and_fifo_within_a_priority(client: Client) -> Non
     claimed = [c.request_id for c in claim(client.redis, client.settings, len(order))]
     by_id = {h.id: i for i, h in enumerate(handles)}
     assert [by_id[c] for c in claimed] == [2, 5, 4, 7, 1, 6, 0, 3]
+
+
+def test_scripts_score_the_queue_as_queue_score_says(client: Client) -> None:
+    handles = [client.submit("a", priority="low"), client.submit("b", priority=99)]
+    keys = Keys()
+    for h, priority in zip(handles, (25, 99), strict=True):
+        seq = int(client.redis.hget(keys.request(h.id), "seq") or 0)
+        assert client.redis.zscore(keys.queue(TAG), h.id) == queue_score(priority, seq)
 
 
 def test_position_counts_requests_ahead(client: Client) -> None:
