@@ -9,16 +9,15 @@ import redis.asyncio
 
 from producer.client import _block_ms, _deadline
 from producer.requests import build_request, validate_request
-from shared.errors import NotFound
 from shared.keys import Keys, new_request_id, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
-from shared.records import (
-    RESULT_FIELDS,
-    STATUS_FIELDS,
-    decode_hash,
-    result_from_hash,
-    status_from_hash,
-    stream_event,
+from shared.reads import (
+    parse_cancel,
+    parse_xread,
+    position_read,
+    result_read,
+    run_read_async,
+    status_read,
 )
 from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
 from shared.settings import Settings, get_settings
@@ -86,23 +85,15 @@ class AsyncHandle:
         return f"AsyncHandle({self.id!r})"
 
     async def status(self) -> RequestStatus:
-        r, keys = self.client.redis, self.client.keys
-        pipe = r.pipeline(transaction=False)
-        pipe.hmget(keys.request(self.id), STATUS_FIELDS)
-        pipe.zrank(keys.queue(tag_of(self.id)), self.id)
-        raw, rank = await pipe.execute()
-        return status_from_hash(self.id, decode_hash(raw, STATUS_FIELDS), rank)
+        return await run_read_async(self.client.redis, status_read(self.client.keys, self.id))
 
     async def position(self) -> int | None:
-        rank: Any = await self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
-        return None if rank is None else int(rank)
+        return await run_read_async(self.client.redis, position_read(self.client.keys, self.id))
 
     async def cancel(self) -> str:
         c = self.client
         reply = await c._scripts.run(cancel_call(c.keys, c.settings, self.id))
-        if reply in (b"missing", "missing"):
-            raise NotFound(f"request {self.id} does not exist (or has expired)")
-        return reply.decode() if isinstance(reply, bytes) else str(reply)
+        return parse_cancel(reply, self.id)
 
     async def stream(
         self, after: str = "0-0", timeout: float | None = None
@@ -111,27 +102,25 @@ class AsyncHandle:
         RequestTimeout if the final event has not come within ``timeout`` seconds."""
         cursor, give_up = after, _deadline(timeout)
         while True:
-            entries = await self._read(cursor, _block_ms(give_up, timeout, self.id))
-            for entry_id, fields in entries:
-                event = stream_event(entry_id, fields)
+            events = await self._read(cursor, _block_ms(give_up, timeout, self.id))
+            for event in events:
                 cursor = event.id
                 yield event
                 if isinstance(event.event, FinalEvent):
                     return
-            if not entries:
+            if not events:
                 await self.status()
 
-    async def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[Any]:
+    async def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[StreamEvent]:
         key = self.client.keys.stream(self.id)
-        reply: Any = await self.client.redis.xread({key: cursor}, block=block_ms, count=512)
-        return reply[0][1] if reply else []
+        reply = await self.client.redis.xread({key: cursor}, block=block_ms, count=512)
+        return parse_xread(reply)
 
     async def result(self, timeout: float | None = None) -> Result:
         give_up, cursor = _deadline(timeout), "0-0"
         while True:
-            raw = await self.client.redis.hmget(self.client.keys.request(self.id), RESULT_FIELDS)
-            result = result_from_hash(self.id, decode_hash(raw, RESULT_FIELDS))
+            result = await run_read_async(self.client.redis, result_read(self.client.keys, self.id))
             if result is not None:
                 return result
-            entries = await self._read(cursor, _block_ms(give_up, timeout, self.id))
-            cursor = entries[-1][0] if entries else cursor
+            events = await self._read(cursor, _block_ms(give_up, timeout, self.id))
+            cursor = events[-1].id if events else cursor

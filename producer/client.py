@@ -9,16 +9,16 @@ from typing import Any
 import redis
 
 from producer.requests import build_request, validate_request
-from shared.errors import NotFound, RequestTimeout
+from shared.errors import RequestTimeout
 from shared.keys import Keys, new_request_id, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
-from shared.records import (
-    RESULT_FIELDS,
-    STATUS_FIELDS,
-    decode_hash,
-    result_from_hash,
-    status_from_hash,
-    stream_event,
+from shared.reads import (
+    parse_cancel,
+    parse_xread,
+    position_read,
+    result_read,
+    run_read,
+    status_read,
 )
 from shared.scripts import Scripts, cancel_call, enqueue_call, parse_enqueue
 from shared.settings import Settings, get_settings
@@ -90,57 +90,45 @@ class Handle:
         return f"Handle({self.id!r})"
 
     def status(self) -> RequestStatus:
-        r, keys = self.client.redis, self.client.keys
-        pipe = r.pipeline(transaction=False)
-        pipe.hmget(keys.request(self.id), STATUS_FIELDS)
-        pipe.zrank(keys.queue(tag_of(self.id)), self.id)
-        raw, rank = pipe.execute()
-        return status_from_hash(self.id, decode_hash(raw, STATUS_FIELDS), rank)
+        return run_read(self.client.redis, status_read(self.client.keys, self.id))
 
     def position(self) -> int | None:
         """Requests ahead of this one in its queue (0: next), or None once claimed."""
-        rank: Any = self.client.redis.zrank(self.client.keys.queue(tag_of(self.id)), self.id)
-        return None if rank is None else int(rank)
+        return run_read(self.client.redis, position_read(self.client.keys, self.id))
 
     def cancel(self) -> str:
         """'cancelled' (was queued), 'requested' (running: stops within a step),
         'done' (had already ended)."""
         c = self.client
-        reply = c._scripts.run(cancel_call(c.keys, c.settings, self.id))
-        if reply in (b"missing", "missing"):
-            raise NotFound(f"request {self.id} does not exist (or has expired)")
-        return reply.decode() if isinstance(reply, bytes) else str(reply)
+        return parse_cancel(c._scripts.run(cancel_call(c.keys, c.settings, self.id)), self.id)
 
     def stream(self, after: str = "0-0", timeout: float | None = None) -> Iterator[StreamEvent]:
         """Token events as they arrive, then the final event; resume with ``after``.
         RequestTimeout if the final event has not come within ``timeout`` seconds."""
         cursor, give_up = after, _deadline(timeout)
         while True:
-            entries = self._read(cursor, _block_ms(give_up, timeout, self.id))
-            for entry_id, fields in entries:
-                event = stream_event(entry_id, fields)
+            events = self._read(cursor, _block_ms(give_up, timeout, self.id))
+            for event in events:
                 cursor = event.id
                 yield event
                 if isinstance(event.event, FinalEvent):
                     return
-            if not entries:
+            if not events:
                 self.status()  # raises NotFound if the request is gone
 
-    def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[Any]:
+    def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[StreamEvent]:
         key = self.client.keys.stream(self.id)
-        reply: Any = self.client.redis.xread({key: cursor}, block=block_ms, count=512)
-        return reply[0][1] if reply else []
+        return parse_xread(self.client.redis.xread({key: cursor}, block=block_ms, count=512))
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the request to end and return its result."""
         give_up, cursor = _deadline(timeout), "0-0"
         while True:
-            raw = self.client.redis.hmget(self.client.keys.request(self.id), RESULT_FIELDS)
-            result = result_from_hash(self.id, decode_hash(raw, RESULT_FIELDS))
+            result = run_read(self.client.redis, result_read(self.client.keys, self.id))
             if result is not None:
                 return result
-            entries = self._read(cursor, _block_ms(give_up, timeout, self.id))
-            cursor = entries[-1][0] if entries else cursor
+            events = self._read(cursor, _block_ms(give_up, timeout, self.id))
+            cursor = events[-1].id if events else cursor
 
 
 def _deadline(timeout: float | None) -> float | None:

@@ -1,8 +1,9 @@
 """Queue figures per model and priority, read in a few pipelined round trips.
 
 A queue's score is ``shared.priority.queue_score``: one band per priority, requeued
-work in its lower half and new work in its upper half, in arrival order. So ZCOUNT over a band is that priority's depth, and the first member of
-each half is the longest waiting.
+work in its lower half and new work in its upper half, in arrival order. So ZCOUNT
+over a band is that priority's depth, and the first member of each half is the
+longest waiting.
 """
 
 from __future__ import annotations

@@ -17,14 +17,12 @@ from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.registry import ModelRegistry
 from producer.requests import validate_request
 from shared.errors import NotFound
-from shared.keys import Keys, new_request_id, tag_of
+from shared.keys import Keys, new_request_id
 from shared.models import TENANT, GenerationRequest, RequestStatus, Result
-from shared.records import STATUS_FIELDS, decode_hash, result_from_hash, status_from_hash
+from shared.reads import parse_cancel, run_read_async, view_read
 from shared.replies import text
 from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
 from shared.settings import Settings
-
-VIEW_FIELDS = (*STATUS_FIELDS, "final", "output")
 
 
 @dataclass(frozen=True)
@@ -67,14 +65,9 @@ class Backend:
     ) -> tuple[RequestStatus, Result | None]:
         """Status (with queue position) and the result once there is one, in one round
         trip. With a ``scope`` (a tenant), another tenant's request is NotFound."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.request(request_id), VIEW_FIELDS)
-        pipe.zrank(self.keys.queue(tag_of(request_id)), request_id)
-        raw, rank = await pipe.execute()
-        fields = decode_hash(raw, VIEW_FIELDS)
-        status = status_from_hash(request_id, fields, None if rank is None else int(rank))
+        status, result = await run_read_async(self.redis, view_read(self.keys, request_id))
         _require_owner(request_id, status.tenant, scope)
-        return status, result_from_hash(request_id, fields)
+        return status, result
 
     async def status(self, request_id: str, scope: str | None = None) -> RequestStatus:
         return (await self.view(request_id, scope))[0]
@@ -86,10 +79,7 @@ class Backend:
             owner = await self.redis.hget(self.keys.request(request_id), TENANT)
             _require_owner(request_id, None if owner is None else text(owner), scope)
         reply = await self._scripts.run(cancel_call(self.keys, self.settings, request_id))
-        outcome = reply.decode() if isinstance(reply, bytes) else str(reply)
-        if outcome == "missing":
-            raise _missing(request_id)
-        return outcome
+        return parse_cancel(reply, request_id)
 
     async def events(self, request_id: str, after: str = "0-0") -> AsyncIterator[list[Entry]]:
         """The request's stream after ``after`` in batches, through its final event. An
