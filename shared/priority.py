@@ -54,18 +54,20 @@ def _check_range(value: int) -> int:
     return value
 
 
-# Queue scores. One band of SCORE_BAND per priority, the highest priority lowest;
-# within a band, work put back after its worker died sits in the lower half (it goes
-# first) and new work in the upper half, each in arrival order (``seq``). Always an
-# exact integer below 2**53, so a double holds it. The Lua scripts get these numbers
-# from here (``shared.scripts.load_source``), and the dashboard reads bands with them.
-SCORE_BAND = 2**46
-FRESH_OFFSET = 2**45
+# Queue scores, lowest first. Work put back after its worker died (or stopped) comes
+# before all new work: it was admitted at its priority already and its stream has a
+# reader waiting mid-answer, while new work has shown nobody anything yet. Within each
+# of the two regions, one band of SCORE_BAND per priority, the highest priority lowest,
+# and arrival order (``seq``) within a band. Always an exact integer below 2**53, so a
+# double holds it. The Lua scripts get these numbers from here
+# (``shared.scripts.load_source``), and the dashboard reads bands with them.
+SCORE_BAND = 2**45
+FRESH_OFFSET = (MAX_PRIORITY - MIN_PRIORITY + 1) * SCORE_BAND
 
 
 def queue_score(priority: int, seq: int, *, resumed: bool = False) -> int:
     """The queue score of a request of ``priority`` that arrived ``seq``-th."""
-    return (MAX_PRIORITY - priority) * SCORE_BAND + (0 if resumed else FRESH_OFFSET) + seq
+    return (0 if resumed else FRESH_OFFSET) + (MAX_PRIORITY - priority) * SCORE_BAND + seq
 
 
 def lua_constants() -> str:

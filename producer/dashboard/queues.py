@@ -1,9 +1,8 @@
 """Queue figures per model and priority, read in a few pipelined round trips.
 
-A queue's score is ``shared.priority.queue_score``: one band per priority, requeued
-work in its lower half and new work in its upper half, in arrival order. So ZCOUNT
-over a band is that priority's depth, and the first member of each half is the
-longest waiting.
+A queue's score is ``shared.priority.queue_score``: requeued work, then new work, each
+in one band per priority, in arrival order. So a priority's depth is the ZCOUNT of
+its two bands, and the first member of each band is the longest waiting.
 """
 
 from __future__ import annotations
@@ -48,12 +47,9 @@ async def known_models(r: redis.asyncio.Redis, keys: Keys, limit: int) -> dict[s
     return dict(pairs[:limit])
 
 
-def band_range(priority: int, half: int | None = None) -> tuple[int, str]:
-    """ZCOUNT/ZRANGE bounds of a priority's band (or of its lower/upper half)."""
-    low = (MAX_PRIORITY - priority) * SCORE_BAND
-    if half is not None:
-        low += half * FRESH_OFFSET
-        return low, f"({low + FRESH_OFFSET}"
+def band_range(priority: int, fresh: int) -> tuple[int, str]:
+    """ZCOUNT/ZRANGE bounds of a priority's band of requeued (0) or new (1) work."""
+    low = fresh * FRESH_OFFSET + (MAX_PRIORITY - priority) * SCORE_BAND
     return low, f"({low + SCORE_BAND}"
 
 
@@ -85,9 +81,10 @@ async def _band_depths(
     pipe = r.pipeline(transaction=False)
     for tag in tags:
         for priority in PRIORITIES:
-            pipe.zcount(keys.queue(tag), *band_range(priority))
+            for fresh in (0, 1):
+                pipe.zcount(keys.queue(tag), *band_range(priority, fresh))
     replies = iter(await pipe.execute())
-    counts = {tag: {p: int(next(replies)) for p in PRIORITIES} for tag in tags}
+    counts = {tag: {p: int(next(replies)) + int(next(replies)) for p in PRIORITIES} for tag in tags}
     return {tag: {p: n for p, n in by_p.items() if n} for tag, by_p in counts.items()}
 
 
@@ -111,11 +108,11 @@ async def _oldest_ages(
 async def _band_heads(
     r: redis.asyncio.Redis, keys: Keys, slots: list[tuple[str, int]]
 ) -> list[list[str]]:
-    """The first member of each half (requeued, new) of each (tag, priority) band."""
+    """The first member of each band (requeued, new) of each (tag, priority)."""
     pipe = r.pipeline(transaction=False)
     for tag, p in slots:
-        for half in (0, 1):
-            pipe.zrange(keys.queue(tag), *band_range(p, half), byscore=True, offset=0, num=1)
+        for fresh in (0, 1):
+            pipe.zrange(keys.queue(tag), *band_range(p, fresh), byscore=True, offset=0, num=1)
     found = await pipe.execute()
     return [[text(m) for m in found[2 * i] + found[2 * i + 1]] for i in range(len(slots))]
 

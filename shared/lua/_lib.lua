@@ -51,8 +51,8 @@ local function finalize(h, stream, history, id, state, final_json, finished_ms, 
   return encoded
 end
 
--- A queue score (see shared/priority.py): new work in the upper half of its priority's
--- band, work put back after its worker died or stopped in the lower half.
+-- A queue score (see shared/priority.py): work put back after its worker died or
+-- stopped before all new work; by priority, then arrival, within each.
 local function queue_score(priority, seq, resumed)
   local score = (MAX_PRIORITY - tonumber(priority)) * SCORE_BAND + tonumber(seq)
   if resumed then return score end
@@ -65,7 +65,7 @@ local function wake(wakeup)
   redis.call('LTRIM', wakeup, 0, 0)
 end
 
--- Put a running request back at the front of its priority band, with no worker.
+-- Put a running request back in the queue, ahead of new work, with no worker.
 local function put_back(h, queue, id)
   local priority, seq = unpack(redis.call('HMGET', h, 'priority', 'seq'))
   redis.call('ZADD', queue, queue_score(priority, seq, true), id)

@@ -24,14 +24,15 @@ def _reap(client: Client, owner: str = "reaper") -> Reaped | None:
     return reap_once(r, Scripts(r), client.settings, TAG, owner)
 
 
-def test_an_expired_lease_goes_back_to_the_front_of_its_priority(client: Client) -> None:
-    dying = client.submit("a", priority="normal")
-    claim(client.redis, client.settings, 1)
+def test_an_expired_lease_goes_back_ahead_of_all_new_work(client: Client) -> None:
+    dying, other = client.submit("a", priority="normal"), client.submit("z", priority="low")
+    claim(client.redis, client.settings, 2)
     later = client.submit("b", priority="normal")
-    above = client.submit("c", priority="high")
+    above = client.submit("c", priority="critical")
     _expire_leases(client.redis)
-    assert _reap(client) == Reaped(requeued=1)
-    assert [h.position() for h in (above, dying, later)] == [0, 1, 2]
+    assert _reap(client) == Reaped(requeued=2)
+    # Its reader is waiting mid-answer: before new work of any priority, by priority.
+    assert [h.position() for h in (dying, other, above, later)] == [0, 1, 2, 3]
     status = dying.status()
     assert (status.state, status.attempts, status.worker) == (RequestState.QUEUED, 1, None)
 
