@@ -43,7 +43,7 @@ def worker(
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
-    from worker.main import WorkerOptions, run_worker
+    from worker.main import WorkerOptions, engine_config, run_worker
 
     _logging(log_level)
     settings = settings_for(redis_url)
@@ -56,7 +56,12 @@ def worker(
         kv_cache_mib=kv_cache_mib,
         burst=burst,
     )
-    run_worker(settings, opts)
+    try:
+        config = engine_config(opts)
+    except ValueError as e:
+        console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from e
+    run_worker(settings, opts, config)
 
 
 @app.command()
@@ -84,7 +89,7 @@ def submit(
     stream: Annotated[bool, typer.Option(help="print tokens as they arrive")] = False,
 ) -> None:
     """Submit PROMPT and print the answer."""
-    with cli_errors(console), _client(redis_url) as client:
+    with cli_errors(console, redis_url), _client(redis_url) as client:
         text = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
         handle = client.submit(
             **text, model=model, priority=priority, max_tokens=max_tokens, temperature=temperature
@@ -107,21 +112,21 @@ def _client(redis_url: str | None) -> Client:
 @app.command()
 def cancel(request_id: str, redis_url: RedisOpt = None) -> None:
     """Cancel a request: removed at once if queued, stopped within a step if running."""
-    with cli_errors(console), _client(redis_url) as client:
+    with cli_errors(console, redis_url), _client(redis_url) as client:
         print(client.handle(request_id).cancel())
 
 
 @app.command()
 def status(request_id: str, redis_url: RedisOpt = None) -> None:
     """Print a request's status as JSON."""
-    with cli_errors(console), _client(redis_url) as client:
+    with cli_errors(console, redis_url), _client(redis_url) as client:
         print(client.handle(request_id).status().model_dump_json(indent=2))
 
 
 @dead_app.command("list")
 def dead_list(redis_url: RedisOpt = None, limit: int = 100) -> None:
     """List dead-lettered requests with their reasons."""
-    with cli_errors(console), _client(redis_url) as client:
+    with cli_errors(console, redis_url), _client(redis_url) as client:
         entries = Admin(client).dead(limit)
         for e in entries:
             print(f"{e.request_id}  {e.model}  {e.reason}")
@@ -131,7 +136,7 @@ def dead_list(redis_url: RedisOpt = None, limit: int = 100) -> None:
 @dead_app.command("retry")
 def dead_retry(request_id: str, redis_url: RedisOpt = None) -> None:
     """Queue a dead-lettered request again, from the start."""
-    with cli_errors(console), _client(redis_url) as client:
+    with cli_errors(console, redis_url), _client(redis_url) as client:
         if not Admin(client).retry(request_id):
             console.print(f"[red]error:[/] {request_id} is not in the dead-letter set")
             raise typer.Exit(1)
@@ -141,7 +146,7 @@ def dead_retry(request_id: str, redis_url: RedisOpt = None) -> None:
 @dead_app.command("purge")
 def dead_purge(redis_url: RedisOpt = None) -> None:
     """Delete every dead-lettered request."""
-    with cli_errors(console), _client(redis_url) as client:
+    with cli_errors(console, redis_url), _client(redis_url) as client:
         print(f"purged {Admin(client).purge()} request(s)")
 
 

@@ -11,9 +11,11 @@ from typing import Any
 
 import redis
 
+from shared.keys import Keys
 from shared.reaper import reap_once
-from shared.registry import mark_served
+from shared.registry import register_worker
 from shared.scripts import Scripts, renew_call
+from shared.settings import Settings
 from worker.publisher import CANCEL_REQUESTED, LEASE_LOST
 from worker.service import WorkerService
 
@@ -94,12 +96,7 @@ class Heartbeat(threading.Thread):
 
     def _register(self, pipe: Any) -> None:
         s = self.service
-        key = s.keys.worker(s.worker_id)
-        fields = {**self.info, **self._figures(), "heartbeat_ms": int(time.time() * 1000)}
-        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
-        pipe.pexpire(key, s.settings.worker_heartbeat_ms * 5)
-        pipe.zadd(s.keys.workers(), {s.worker_id: time.time()})
-        mark_served(pipe, s.keys, s.settings, s.model)
+        register_worker(pipe, s.keys, s.settings, s.worker_id, {**self.info, **self._figures()})
 
     def _figures(self) -> dict[str, Any]:
         stats = self.service.engine.stats()
@@ -121,3 +118,36 @@ class Heartbeat(threading.Thread):
             self.redis.zrem(s.keys.workers(), s.worker_id)
         except redis.RedisError:
             pass  # the registry entry expires on its own
+
+
+class LoadingBeat(threading.Thread):
+    """While the model loads: the worker is in the registry (state ``loading``) and its
+    model counts as served, so requests submitted meanwhile queue instead of being
+    refused, and dashboards show the worker coming up."""
+
+    def __init__(
+        self, connection: redis.Redis, settings: Settings, worker_id: str, info: dict[str, Any]
+    ) -> None:
+        super().__init__(name="tokenq-loading-beat", daemon=True)
+        self.redis = connection
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.worker_id = worker_id
+        self.info = {**info, "state": "loading"}
+        self.done = threading.Event()
+
+    def beat(self) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        register_worker(pipe, self.keys, self.settings, self.worker_id, self.info)
+        pipe.execute()
+
+    def run(self) -> None:
+        while not self.done.wait(self.settings.worker_heartbeat_ms / 1000):
+            try:
+                self.beat()
+            except redis.RedisError as e:
+                log.warning("registry beat while loading failed (%s); retrying", e)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=5)

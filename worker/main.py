@@ -9,17 +9,18 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
+from shared.connection import wait_for_redis
 from shared.gc_policy import freeze_startup_objects
-from shared.keys import Keys
-from shared.registry import mark_served
 from shared.settings import Settings
-from worker.heartbeat import Heartbeat
+from shared.version import VERSION
+from worker.engine.config import EngineConfig
+from worker.heartbeat import Heartbeat, LoadingBeat
 from worker.metrics import WorkerMetrics, serve_http
 from worker.model_store import resolve_model
 from worker.service import WorkerService
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from worker.engine import Engine
 
 log = logging.getLogger("tokenq.worker")
-VERSION = "0.1.0"
 
 
 @dataclass(frozen=True)
@@ -47,41 +47,52 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def build_engine(opts: WorkerOptions) -> Engine | SimEngine:
+def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
+    """The engine's settings, built once and validated before anything is announced
+    (a model name, not yet its resolved path: that may mean a download or a conversion)."""
     if is_sim(opts.model):
-        return SimEngine(SimConfig.parse(opts.model))
-    from worker.engine import Engine, EngineConfig  # torch loads here, not for sim workers
-
+        return SimConfig.parse(opts.model)
     config = EngineConfig(
-        model=str(resolve_model(opts.model)), device=opts.device, dtype=opts.dtype
+        model=opts.model, device=opts.device, dtype=opts.dtype, kv_cache_mib=opts.kv_cache_mib
     )
     if opts.max_num_seqs is not None:
-        config.max_num_seqs = opts.max_num_seqs
-    if opts.kv_cache_mib is not None:
-        config.kv_cache_mib = opts.kv_cache_mib
-    return Engine(config)
+        config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again
+    return config
 
 
-def run_worker(settings: Settings, opts: WorkerOptions) -> None:
-    """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty)."""
+def build_engine(config: EngineConfig | SimConfig) -> Engine | SimEngine:
+    if isinstance(config, SimConfig):
+        return SimEngine(config)
+    from worker.engine import Engine  # torch loads here, not for sim workers
+
+    return Engine(replace(config, model=str(resolve_model(config.model))))
+
+
+def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | SimConfig) -> None:
+    """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty), with
+    the engine ``config`` that ``engine_config(opts)`` built."""
     started = time.monotonic()
     model_name = opts.served_model_name or opts.model
     connection = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
-    announce(connection, settings, model_name)
+    wait_for_redis(connection, settings.redis_url, log)
+    worker_id = new_worker_id()
+    loading = LoadingBeat(connection, settings, worker_id, _info(model_name, opts))
+    loading.beat()  # the model counts as served from here on: requests queue meanwhile
+    loading.start()
     metrics, readiness = WorkerMetrics(model_name), Readiness()
     if settings.worker_metrics_port is not None:
         serve_http(settings.worker_metrics_port, metrics, readiness)
-    engine = build_engine(opts)
-    service = WorkerService(engine, connection, settings, model_name, new_worker_id(), metrics)
+    try:
+        engine = build_engine(config)
+    finally:
+        loading.stop()
+    service = WorkerService(engine, connection, settings, model_name, worker_id, metrics)
     heartbeat = start_heartbeat(service, engine)
     readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
     _install_signal_handlers(service)
     freeze_startup_objects()
     log.info(
-        "worker %s serving %r (ready in %.1fs)",
-        service.worker_id,
-        model_name,
-        time.monotonic() - started,
+        "worker %s serving %r (ready in %.1fs)", worker_id, model_name, time.monotonic() - started
     )
     try:
         service.run(burst=opts.burst)
@@ -101,6 +112,10 @@ class Readiness:
         return self.check()
 
 
+def _info(model_name: str, opts: WorkerOptions) -> dict[str, Any]:
+    return {"model": model_name, "version": VERSION, "pid": os.getpid(), "device": opts.device}
+
+
 def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heartbeat:
     info = {
         "model": service.model,
@@ -114,13 +129,6 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
     heartbeat.beat()
     heartbeat.start()
     return heartbeat
-
-
-def announce(connection: redis.Redis, settings: Settings, model: str) -> None:
-    """Say the model is served before loading it, so requests queue meanwhile."""
-    pipe = connection.pipeline(transaction=False)
-    mark_served(pipe, Keys(settings.namespace), settings, model)
-    pipe.execute()
 
 
 def _install_signal_handlers(service: WorkerService) -> None:

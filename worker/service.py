@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import redis
 from pydantic import ValidationError
 
+from shared.connection import UNREACHABLE, Backoff
 from shared.keys import REQUEST_ID_RE, Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent
 from shared.records import stream_event
@@ -26,7 +27,7 @@ from worker.publisher import Planned, end_call, plan_step, settle
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+REDIS_ERRORS = UNREACHABLE
 
 
 class EngineLike(Protocol):
@@ -40,21 +41,6 @@ class EngineLike(Protocol):
     def has_unfinished_requests(self) -> bool: ...
     def num_free_slots(self) -> int: ...
     def stats(self) -> dict[str, float]: ...
-
-
-class Backoff:
-    """Exponential backoff with a ceiling, for reconnecting to Redis."""
-
-    def __init__(self, first_s: float = 0.1, max_s: float = 5.0) -> None:
-        self.first_s, self.max_s, self.next_s = first_s, max_s, first_s
-
-    def wait(self) -> float:
-        delay, self.next_s = self.next_s, min(self.next_s * 2, self.max_s)
-        time.sleep(delay)
-        return delay
-
-    def reset(self) -> None:
-        self.next_s = self.first_s
 
 
 class WorkerService:
@@ -219,20 +205,25 @@ class WorkerService:
         return [i for i in ids if i not in bad]
 
     def _admit(self, claimed: Claimed) -> None:
+        """Hand a claimed request to the engine. It is held (its lease renewed) only once
+        the engine has it: if Redis fails before that, the lease lapses and the reaper
+        puts the request back, so nothing is kept alive that will never run."""
         try:
             request = GenerationRequest.model_validate_json(claimed.payload)
         except ValidationError as e:
             self._dead_letter(claimed, e)
             return
         held = Held(claimed.request_id, claimed.lease_token, request)
-        with self.held_lock:
-            self.held[held.request_id] = held
         if claimed.num_generated:
             self._restore(held)
         try:
             self.engine.add_request(self._engine_request(held))
-        except ValueError as e:
-            self._end_now(held, FinishReason.ERROR, str(e))
+        except Exception as e:  # the tokenizer, its chat template or the engine refused it
+            log.warning("request %s cannot run: %r", held.request_id, e)
+            self._end_now(held, FinishReason.ERROR, f"cannot run this request: {e}")
+            return
+        with self.held_lock:
+            self.held[held.request_id] = held
 
     def _engine_request(self, held: Held) -> EngineRequest:
         req = held.request

@@ -41,7 +41,7 @@ def submit(
     wait: Annotated[bool, typer.Option(help="show progress until it ends")] = False,
 ) -> None:
     """Create a batch from FILE and print its id."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         batch_id = batches.submit(file, priority=priority, model=model, webhook_url=webhook)
         print(batch_id)
         if wait:
@@ -55,7 +55,7 @@ def status(
     wait: Annotated[bool, typer.Option(help="show a progress bar until it ends")] = False,
 ) -> None:
     """Print a batch's status as JSON (or follow it with a progress bar)."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         if wait:
             _follow(batches, batch_id)
         print(batches.status(batch_id).model_dump_json(indent=2))
@@ -64,7 +64,7 @@ def status(
 @batch_app.command("list")
 def list_batches(redis_url: RedisOpt = None, limit: int = 20) -> None:
     """The newest batches with their progress."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         for s in batches.list(limit):
             c = s.counts
             print(f"{s.id}  {s.state:<11}  {c.done}/{c.total} done  {c.failed} failed")
@@ -73,7 +73,7 @@ def list_batches(redis_url: RedisOpt = None, limit: int = 20) -> None:
 @batch_app.command("cancel")
 def cancel(batch_id: str, redis_url: RedisOpt = None) -> None:
     """Cancel a batch: queued lines stop at once; finished lines keep their results."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         s = batches.cancel(batch_id)
         print(f"{batch_id} {s.state}: {s.counts.completed} completed, {s.counts.failed} failed")
 
@@ -81,7 +81,7 @@ def cancel(batch_id: str, redis_url: RedisOpt = None) -> None:
 @batch_app.command("resume")
 def resume(batch_id: str, redis_url: RedisOpt = None) -> None:
     """Start a new driver job for a batch whose RQ jobs were lost."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         print(f"{batch_id} driven by job {batches.resume(batch_id)}")
 
 
@@ -93,7 +93,7 @@ def results(
     errors: Annotated[Path | None, typer.Option(help="write error lines here")] = None,
 ) -> None:
     """Print the output JSONL (by custom_id, in input order); errors go to --errors."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         outputs, failed = batches.results(batch_id)
         _write(outputs, output)
         if errors is not None:
@@ -122,7 +122,7 @@ def webhooks_list(
     limit: int = 50,
 ) -> None:
     """Webhook deliveries, newest first, with their last error."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         for d in webhooks.list_deliveries(batches.ctx, failed_only=failed, limit=limit):
             print(f"{d.id}  {d.state:<9}  {d.attempts} attempt(s)  {d.url}  {d.last_error or ''}")
 
@@ -130,7 +130,7 @@ def webhooks_list(
 @webhooks_app.command("retry")
 def webhooks_retry(delivery_id: str, redis_url: RedisOpt = None) -> None:
     """Send a delivery again, with a fresh set of retries."""
-    with cli_errors(console), _batches(redis_url) as batches:
+    with cli_errors(console, redis_url), _batches(redis_url) as batches:
         webhooks.redeliver(batches.ctx, delivery_id)
         print(f"{delivery_id} queued for delivery")
 

@@ -22,9 +22,9 @@ from producer.gateway.hub import StreamHub
 from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.reaper import reap_forever
 from shared.settings import Settings, get_settings
+from shared.version import VERSION
 
 log = logging.getLogger("producer.gateway")
-VERSION = "0.1.0"
 ABOUT = "OpenAI-compatible and native HTTP access to a tokenq queue."
 
 

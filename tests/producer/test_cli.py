@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 from typer.testing import CliRunner
 
@@ -53,3 +54,42 @@ def test_cancel_and_status(real_redis: redis.Redis, redis_server: EmbeddedRedis)
     bad = runner.invoke(app, ["cancel", "not-an-id", *url])
     assert bad.exit_code == 1
     assert "malformed request id" in bad.output
+
+
+UNREACHABLE = "redis://user:s3cret@127.0.0.1:1/0"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["submit", "hi"],
+        ["status", "0123abcd-0123456789abcdef01234567"],
+        ["cancel", "0123abcd-0123456789abcdef01234567"],
+        ["dead", "list"],
+        ["batch", "list"],
+    ],
+)
+def test_a_command_that_cannot_reach_redis_says_so_in_one_line(command: list[str]) -> None:
+    result = runner.invoke(app, [*command, "--redis", UNREACHABLE])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: cannot reach Redis at redis://user:***@127.0.0.1:1/0: ")
+    assert "s3cret" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--max-num-seqs", "0"], "max_num_seqs must be at least 1, got 0"),
+        (["--kv-cache-mib", "0"], "kv_cache_mib must be at least 1"),
+    ],
+)
+def test_a_worker_setting_the_engine_cannot_run_with_is_refused_before_anything_starts(
+    option: list[str], message: str, real_redis: redis.Redis, redis_server: EmbeddedRedis
+) -> None:
+    result = runner.invoke(app, ["worker", *option, "--redis", redis_server.url])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert real_redis.zcard(Keys().workers()) == 0  # nothing was announced

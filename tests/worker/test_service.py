@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import fakeredis
@@ -11,6 +12,8 @@ import redis
 from producer.client import Client
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
+from shared.reaper import reap_once
+from shared.scripts import Scripts
 from shared.settings import Settings
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
@@ -91,6 +94,54 @@ def test_a_prompt_the_engine_refuses_ends_with_a_clear_error(setup: Any) -> None
     result = h.result(timeout=1)
     assert result.finish_reason is FinishReason.ERROR
     assert "over the context" in (result.error or "")
+
+
+class TemplateError(Exception):
+    """Stands for jinja2's error when a chat template rejects the messages."""
+
+
+def test_a_chat_template_error_ends_that_request_and_the_worker_keeps_serving(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, service, engine = setup
+
+    def encode_chat(messages: list[dict[str, Any]]) -> list[int]:
+        if messages[0]["content"] == "bad":
+            raise TemplateError("Conversation roles must alternate user/assistant")
+        return [1, 2]
+
+    monkeypatch.setattr(engine, "encode_chat", encode_chat)
+    bad = client.submit(messages=[{"role": "user", "content": "bad"}], model=MODEL, max_tokens=2)
+    good = client.submit(messages=[{"role": "user", "content": "ok"}], model=MODEL, max_tokens=2)
+    service.run(burst=True)
+    failed = bad.result(timeout=1)
+    assert failed.finish_reason is FinishReason.ERROR
+    assert "roles must alternate" in (failed.error or "")
+    assert good.result(timeout=1).text == "t0t1"
+
+
+def test_a_redis_error_while_admitting_holds_nothing_and_the_request_comes_back(
+    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _, engine = setup
+    settings = Settings(lease_ms=100)
+    service = WorkerService(engine, fake_redis, settings, MODEL, "w2")
+    h = client.submit("p", model=MODEL, max_tokens=2)
+    fake_redis.hset(Keys().request(h.id), "num_generated", 1)  # as if resumed: restore reads
+    monkeypatch.setattr(fake_redis, "xrange", _raise_connection_error)
+    with pytest.raises(redis.ConnectionError):
+        service.intake()
+    assert service.held_leases() == {}  # no lease kept alive for a request that never runs
+    assert engine.added == []
+    monkeypatch.undo()
+    time.sleep(0.15)
+    reaped = reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "w2")
+    assert reaped is not None and reaped.requeued == 1
+    assert h.status().state is RequestState.QUEUED
+
+
+def _raise_connection_error(*args: object, **kwargs: object) -> None:
+    raise redis.ConnectionError("Connection reset by peer")
 
 
 def test_a_worker_that_lost_its_lease_publishes_nothing_more(

@@ -7,11 +7,29 @@ Usable in process without Redis::
     while engine.has_unfinished_requests():
         for output in engine.step():
             ...
+
+``Engine`` (and with it torch) is imported on first use, so that the light modules of
+this package (config, request, outputs) load in a moment: a worker announces its model
+before it pays for torch and the weights.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from worker.engine.config import EngineConfig
-from worker.engine.engine import Engine
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
+if TYPE_CHECKING:
+    from worker.engine.engine import Engine
+
 __all__ = ["Engine", "EngineConfig", "EngineRequest", "RequestOutput"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from worker.engine.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

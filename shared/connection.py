@@ -1,0 +1,54 @@
+"""Reaching Redis: backoff, the URL as it may be printed, and waiting for Redis at start."""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+# What "Redis is not there (yet)" looks like; anything else is a real error.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+class Backoff:
+    """Exponential backoff with a ceiling, for reconnecting to Redis."""
+
+    def __init__(self, first_s: float = 0.1, max_s: float = 5.0) -> None:
+        self.first_s, self.max_s, self.next_s = first_s, max_s, first_s
+
+    def wait(self) -> float:
+        delay, self.next_s = self.next_s, min(self.next_s * 2, self.max_s)
+        time.sleep(delay)
+        return delay
+
+    def reset(self) -> None:
+        self.next_s = self.first_s
+
+
+def shown_url(url: str) -> str:
+    """``url`` with any password replaced, fit for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    netloc = f"{user}{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def unreachable_message(url: str, error: BaseException) -> str:
+    return f"cannot reach Redis at {shown_url(url)}: {error}"
+
+
+def wait_for_redis(connection: redis.Redis, url: str, log: logging.Logger) -> None:
+    """Return once Redis answers a PING; until then say so and retry with backoff."""
+    backoff = Backoff(first_s=0.5)
+    while True:
+        try:
+            connection.ping()
+            return
+        except UNREACHABLE as e:
+            log.warning("%s; retrying in %.1fs", unreachable_message(url, e), backoff.next_s)
+            backoff.wait()

@@ -1,0 +1,60 @@
+"""A worker coming up: before its Redis, and while its model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from producer.client import Client
+from shared.errors import UnknownModel
+from shared.keys import Keys
+from shared.models import FinishReason, RequestState
+from shared.settings import Settings
+from tests.integration.conftest import WorkerFactory
+from tests.integration.faults import RedisProcess, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def worker_states(connection: redis.Redis) -> list[str]:
+    keys = Keys()
+    ids = [i.decode() for i in connection.zrange(keys.workers(), 0, -1)]
+    states = [connection.hget(keys.worker(i), "state") for i in ids]
+    return [s.decode() for s in states if s is not None]
+
+
+def test_a_worker_started_before_its_redis_waits_says_so_and_then_serves(
+    tmp_path: Path, start_worker: WorkerFactory
+) -> None:
+    server = RedisProcess(tmp_path)
+    worker = start_worker("--model", "sim:", "--redis", server.url)
+    log = tmp_path / "worker-0.log"
+    wait_until(lambda: "cannot reach Redis at" in log.read_text(), 60, "the worker to say so")
+    assert worker.poll() is None, "the worker should wait, not exit"
+    server.start()
+    try:
+        client = Client(server.url, settings=Settings(redis_url=server.url))
+        wait_until(lambda: "serving" in worker_states(client.redis), 60, "the worker to serve")
+        result = client.submit("hi", model="sim:", max_tokens=3).result(timeout=60)
+        assert result.finish_reason is FinishReason.LENGTH
+        assert "Traceback" not in log.read_text()
+    finally:
+        server.stop()
+
+
+def test_requests_submitted_while_the_model_loads_queue_and_run(
+    real_redis: redis.Redis, start_worker: WorkerFactory
+) -> None:
+    client = Client(connection=real_redis, settings=Settings())
+    with pytest.raises(UnknownModel):  # no worker has ever served it
+        client.submit("hi", max_tokens=4)
+    start_worker()
+    wait_until(lambda: worker_states(real_redis) != [], 60, "the worker to announce itself")
+    handle = client.submit("Say hi", max_tokens=4, temperature=0)
+    assert handle.status().state is RequestState.QUEUED
+    assert worker_states(real_redis) == ["loading"], "accepted before the model was ready"
+    result = handle.result(timeout=300)
+    assert result.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    assert worker_states(real_redis) == ["serving"]
