@@ -1,9 +1,7 @@
 """tokenq's wire protocol: models, key names, Lua scripts, settings and errors."""
 
 from shared.errors import (
-    DuplicateRequest,
     InvalidRequest,
-    LeaseLost,
     NotFound,
     QueueFull,
     TokenqError,
@@ -25,12 +23,10 @@ from shared.priority import Priority, parse_priority
 
 __all__ = [
     "ChatMessage",
-    "DuplicateRequest",
     "FinalEvent",
     "FinishReason",
     "GenerationRequest",
     "InvalidRequest",
-    "LeaseLost",
     "NotFound",
     "Priority",
     "QueueFull",

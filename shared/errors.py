@@ -34,23 +34,11 @@ class UnknownModel(InvalidRequest):
         self.model = model
 
 
-class DuplicateRequest(TokenqError):
-    """An idempotency key matched an earlier request (carries its id)."""
-
-    def __init__(self, request_id: str) -> None:
-        super().__init__(f"idempotency key already used by request {request_id}")
-        self.request_id = request_id
-
-
 class NotFound(TokenqError, KeyError):
     """No such request (never existed, or expired)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "not found"
-
-
-class LeaseLost(TokenqError):
-    """A worker tried to act on a request whose lease it no longer holds."""
 
 
 class RequestTimeout(TokenqError, TimeoutError):

@@ -18,7 +18,8 @@ from shared.settings import Settings
 from worker.engine.outputs import RequestOutput
 from worker.held import STATE_OF_REASON, Held
 
-LEASE_LOST, PUBLISHED, CANCEL_REQUESTED, GAP = 0, 1, 2, 3
+# publish.lua's codes per event (1, published, needs no action).
+LEASE_LOST, CANCEL_REQUESTED, GAP = 0, 2, 3
 
 
 @dataclass(frozen=True)
