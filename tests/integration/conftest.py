@@ -83,7 +83,7 @@ def reference(reference_engine: object) -> Callable[[list[dict[str, object]]], l
             EngineRequest(
                 f"ref-{i}",
                 engine.encode_chat(body["messages"]),  # type: ignore[arg-type]
-                SamplingParams(max_tokens=body["max_tokens"], temperature=0, ignore_eos=True),  # type: ignore[arg-type]
+                SamplingParams(max_tokens=body["max_tokens"], temperature=0, ignore_eos=True),
             )
             for i, body in enumerate(bodies)
         ]

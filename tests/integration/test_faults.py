@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
     seqs = ("--max-num-seqs", "8")
     victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
     for _ in range(2):
-        wait_until(lambda v=victim: held_by(client, handles, v, 4), 240, "a request mid-stream")
+        wait_until(partial(held_by, client, handles, victim, 4), 240, "a request mid-stream")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
         victim = start_worker(*seqs, env=FAULT_ENV)

@@ -76,7 +76,7 @@ def _round_trip(url: str) -> None:
     client = Client(settings=settings)
     serve(client.redis, "m")
     handle = client.submit("hello there", model="m", max_tokens=3)
-    service = WorkerService(ScriptedEngine(), redis.Redis.from_url(url), settings, "m", "w1")  # type: ignore[arg-type]
+    service = WorkerService(ScriptedEngine(), redis.Redis.from_url(url), settings, "m", "w1")
     service.run(burst=True)
     result = handle.result(timeout=5)
     assert (result.text, result.finish_reason) == ("t0t1t2", FinishReason.LENGTH)

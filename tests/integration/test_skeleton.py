@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from producer.client import Client, Handle
-from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
+from shared.models import FinalEvent, FinishReason, RequestState, StreamEvent, TokenEvent
 from shared.settings import DEFAULT_MODEL, Settings
 from tests.conftest import serve
 from tests.integration.conftest import WorkerFactory
@@ -32,7 +32,7 @@ MAX_TOKENS = 24
 
 def _submit(client: Client, priority: str, text: str, chat: bool) -> Handle:
     body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
-    return client.submit(**body, priority=priority, max_tokens=MAX_TOKENS, temperature=0)  # type: ignore[arg-type]
+    return client.submit(**body, priority=priority, max_tokens=MAX_TOKENS, temperature=0)
 
 
 def test_requests_over_all_priorities_stream_back_exactly_what_generate_gives(
@@ -59,15 +59,15 @@ def test_requests_over_all_priorities_stream_back_exactly_what_generate_gives(
     _check_never_ran(never)
 
 
-def _check_stream(events: list[object], reference: list[int]) -> None:
-    tokens = [e.event for e in events if isinstance(e.event, TokenEvent)]  # type: ignore[attr-defined]
+def _check_stream(events: list[StreamEvent], reference: list[int]) -> None:
+    tokens = [e.event for e in events if isinstance(e.event, TokenEvent)]
     indexes = [t.index for t in tokens]
     sizes = [len(t.token_ids) for t in tokens]
     assert indexes == [sum(sizes[:i]) for i in range(len(sizes))], (
         "token indexes must be contiguous"
     )
     assert [tid for t in tokens for tid in t.token_ids] == reference
-    assert isinstance(events[-1].event, FinalEvent)  # type: ignore[attr-defined]
+    assert isinstance(events[-1].event, FinalEvent)
 
 
 def _check_result(handle: Handle, reference: list[int]) -> None:
@@ -81,7 +81,7 @@ def _check_result(handle: Handle, reference: list[int]) -> None:
 
 
 def _check_priority_order(handles: list[Handle]) -> None:
-    started = {h.id: h.status().started_ms for h in handles}
+    started = {h.id: h.status().started_ms or 0 for h in handles}
     by_priority = sorted(handles, key=lambda h: -h.status().priority)
     firsts = [started[h.id] for h in by_priority]
     # With two batch slots the two critical requests are claimed first and the two

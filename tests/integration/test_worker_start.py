@@ -11,6 +11,7 @@ from producer.client import Client
 from shared.errors import UnknownModel
 from shared.keys import Keys
 from shared.models import FinishReason, RequestState
+from shared.replies import text
 from shared.settings import Settings
 from tests.integration.conftest import WorkerFactory
 from tests.integration.faults import RedisProcess, wait_until
@@ -20,9 +21,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def worker_states(connection: redis.Redis) -> list[str]:
     keys = Keys()
-    ids = [i.decode() for i in connection.zrange(keys.workers(), 0, -1)]
+    ids = [text(i) for i in connection.zrange(keys.workers(), 0, -1)]
     states = [connection.hget(keys.worker(i), "state") for i in ids]
-    return [s.decode() for s in states if s is not None]
+    return [text(s) for s in states if s is not None]
 
 
 def test_a_worker_started_before_its_redis_waits_says_so_and_then_serves(

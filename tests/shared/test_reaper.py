@@ -10,13 +10,14 @@ from producer.client import Client
 from shared.keys import Keys
 from shared.models import FinishReason, RequestState
 from shared.reaper import reap_once
+from shared.replies import text
 from shared.scripts import Reaped, Scripts, release_call, retry_call
 from tests.shared.test_scripts import TAG, claim
 
 
 def _expire_leases(r: redis.Redis) -> None:
     for member in r.zrange(Keys().leases(TAG), 0, -1):
-        r.zadd(Keys().leases(TAG), {member: 0})
+        r.zadd(Keys().leases(TAG), {text(member): 0})
 
 
 def _reap(client: Client, owner: str = "reaper") -> Reaped | None:
@@ -97,8 +98,8 @@ def test_ended_requests_are_indexed_for_dashboards(client: Client) -> None:
     cancelled.cancel()
     dead = client.submit("b")
     kill_every_attempt(client, dead.id)
-    recent = [m.decode() for m in client.redis.zrange(Keys().recent(TAG), 0, -1)]
-    failed = [m.decode() for m in client.redis.zrange(Keys().failed(TAG), 0, -1)]
+    recent = [text(m) for m in client.redis.zrange(Keys().recent(TAG), 0, -1)]
+    failed = [text(m) for m in client.redis.zrange(Keys().failed(TAG), 0, -1)]
     assert (recent, failed) == ([cancelled.id, dead.id], [dead.id])
 
 

@@ -13,6 +13,7 @@ from shared.errors import QueueFull
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent, dumps
 from shared.priority import queue_score
+from shared.replies import text
 from shared.scripts import (
     Claimed,
     Scripts,
@@ -31,7 +32,7 @@ TAG = model_tag(MODEL)
 
 def claim(r: redis.Redis, settings: Settings, n: int, worker: str = "w1") -> list[Claimed]:
     keys = Keys(settings.namespace)
-    ids = [i.decode() for i in r.zrange(keys.queue(TAG), 0, n - 1)]
+    ids = [text(i) for i in r.zrange(keys.queue(TAG), 0, n - 1)]
     return parse_claim(Scripts(r).run(claim_call(keys, settings, TAG, worker, ids))) if ids else []
 
 
@@ -86,7 +87,7 @@ def test_an_idempotency_key_is_scoped_to_its_tenant(client: Client) -> None:
 def test_a_request_is_claimed_once_even_when_two_workers_race(client: Client) -> None:
     client.submit("a")
     keys, s = client.keys, client.settings
-    ids = [i.decode() for i in client.redis.zrange(keys.queue(TAG), 0, 0)]
+    ids = [text(i) for i in client.redis.zrange(keys.queue(TAG), 0, 0)]
     scripts = Scripts(client.redis)
     first = parse_claim(scripts.run(claim_call(keys, s, TAG, "w1", ids)))
     second = parse_claim(scripts.run(claim_call(keys, s, TAG, "w2", ids)))

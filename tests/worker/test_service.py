@@ -27,7 +27,7 @@ def setup(fake_redis: fakeredis.FakeRedis) -> tuple[Client, WorkerService, Scrip
     settings = Settings()
     serve(fake_redis, MODEL)
     engine = ScriptedEngine()
-    service = WorkerService(engine, fake_redis, settings, MODEL, "w1")  # type: ignore[arg-type]
+    service = WorkerService(engine, fake_redis, settings, MODEL, "w1")
     return Client(connection=fake_redis, settings=settings), service, engine
 
 

@@ -10,10 +10,10 @@ import pytest
 from producer.batch import driver, store
 from producer.batch.models import BatchState
 from producer.batch.ops import Batches
-from producer.batch.store import text
 from producer.client import Client
 from shared.errors import NotFound
 from shared.models import RequestState
+from shared.replies import text
 from shared.settings import Settings
 from tests.producer.batch.conftest import jsonl
 from worker.service import WorkerService
@@ -80,7 +80,9 @@ def test_a_batchs_lines_run_as_its_tenant_whatever_they_claim(
     driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
     pending = text(batches.ctx.redis.hget(batches.ctx.bkeys.pending(batch_id), "line-0"))
     request_id = pending.split(":")[1]
-    payload = orjson.loads(batches.ctx.redis.hget(batches.ctx.keys.request(request_id), "payload"))
+    payload = orjson.loads(
+        text(batches.ctx.redis.hget(batches.ctx.keys.request(request_id), "payload"))
+    )
     assert payload["metadata"]["tenant"] == "acme" and payload["metadata"]["note"] == "kept"
     assert Client(connection=batches.ctx.redis).handle(request_id).status().tenant == "acme"
     assert batches.status(batch_id, scope="acme").tenant == "acme"
