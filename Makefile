@@ -1,12 +1,13 @@
 # Two commands for a fresh machine:
 #   make run    set up, then `tokenq up` (embedded Redis + a worker on the default model)
 #   make test   set up, then the whole test suite
+#   make test-fast  the unit and fakeredis tests only (the inner loop: a few minutes)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export TOKENQ_MODEL_CACHE_DIR ?= $(CURDIR)/.cache/models
 
-.PHONY: run test lint bench setup redis-server chromium
+.PHONY: run test test-fast lint bench setup redis-server chromium
 
 setup: $(STAMP)
 
@@ -25,6 +26,9 @@ run: setup
 
 test: setup redis-server chromium
 	$(PY) -m pytest
+
+test-fast: setup redis-server
+	$(PY) -m pytest -m "not slow and not integration"
 
 lint: setup
 	$(VENV)/bin/ruff check .

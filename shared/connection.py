@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+import redis.asyncio
 
 # What "Redis is not there (yet)" looks like; anything else is a real error.
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
@@ -52,3 +54,22 @@ def wait_for_redis(connection: redis.Redis, url: str, log: logging.Logger) -> No
         except UNREACHABLE as e:
             log.warning("%s; retrying in %.1fs", unreachable_message(url, e), backoff.next_s)
             backoff.wait()
+
+
+async def wait_for_redis_async(
+    connection: redis.asyncio.Redis, url: str, log: logging.Logger
+) -> None:
+    """The asyncio twin of ``wait_for_redis``; also says when Redis answers at last."""
+    backoff, failed = Backoff(first_s=0.5), False
+    while True:
+        try:
+            await connection.ping()
+        except UNREACHABLE as e:
+            failed = True
+            log.warning("%s; retrying in %.1fs", unreachable_message(url, e), backoff.next_s)
+            await asyncio.sleep(backoff.next_s)
+            backoff.next_s = min(backoff.next_s * 2, backoff.max_s)
+            continue
+        if failed:
+            log.info("Redis at %s answers", shown_url(url))
+        return

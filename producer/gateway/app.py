@@ -21,6 +21,7 @@ from producer.gateway.errors import install_error_handlers
 from producer.gateway.hub import StreamHub
 from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.reaper import reap_forever
+from shared.connection import wait_for_redis_async
 from shared.settings import Settings, get_settings
 from shared.version import VERSION
 
@@ -38,10 +39,13 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = await _start(settings, config)
         app.state.backend = backend
+        # Serve at once (/readyz answers 503 until Redis does); say when Redis is away.
+        waiting = asyncio.create_task(wait_for_redis_async(backend.redis, settings.redis_url, log))
         reaper = asyncio.create_task(reap_forever(backend.redis, settings))
         try:
             yield
         finally:
+            waiting.cancel()
             reaper.cancel()
             await backend.hub.stop()
             await backend.redis.aclose()

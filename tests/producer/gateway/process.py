@@ -17,15 +17,18 @@ START_TIMEOUT_S = 30.0
 
 
 @contextmanager
-def gateway_process(redis_url: str, api_keys: str = "", **env: str) -> Iterator[str]:
-    """Start a gateway on a free loopback port; yields its base URL; kills it after."""
-    with started_gateway(redis_url, api_keys, **env) as (url, _):
+def gateway_process(
+    redis_url: str, api_keys: str = "", probe: str = "/readyz", **env: str
+) -> Iterator[str]:
+    """Start a gateway on a free loopback port; yields its base URL once ``probe``
+    answers 200; kills it after."""
+    with started_gateway(redis_url, api_keys, probe, **env) as (url, _):
         yield url
 
 
 @contextmanager
 def started_gateway(
-    redis_url: str, api_keys: str = "", **env: str
+    redis_url: str, api_keys: str = "", probe: str = "/readyz", **env: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """As ``gateway_process``, also yielding the process (for tests that kill it)."""
     port = free_port()
@@ -46,7 +49,7 @@ def started_gateway(
     proc = subprocess.Popen(cmd, env=environ)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc)
+        _wait_healthy(url + probe, proc)
         yield url, proc
     finally:
         proc.terminate()
@@ -63,7 +66,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"gateway exited with {proc.returncode}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass

@@ -1,9 +1,10 @@
-"""A worker coming up: before its Redis, and while its model loads."""
+"""Coming up: a worker or a gateway before its Redis, a worker while its model loads."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -13,8 +14,10 @@ from shared.keys import Keys
 from shared.models import FinishReason, RequestState
 from shared.replies import text
 from shared.settings import Settings
+from tests.conftest import serve
 from tests.integration.conftest import WorkerFactory
 from tests.integration.faults import RedisProcess, wait_until
+from tests.producer.gateway.process import gateway_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,3 +62,21 @@ def test_requests_submitted_while_the_model_loads_queue_and_run(
     result = handle.result(timeout=300)
     assert result.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
     assert worker_states(real_redis) == ["serving"]
+
+
+def test_a_gateway_started_before_its_redis_is_not_ready_until_redis_answers(
+    tmp_path: Path,
+) -> None:
+    server = RedisProcess(tmp_path)
+    with gateway_process(server.url, probe="/healthz") as url, httpx.Client(base_url=url) as http:
+        waiting = http.get("/readyz")
+        assert waiting.status_code == 503
+        assert "Redis is unreachable" in waiting.json()["error"]["message"]
+        server.start()
+        try:
+            serve(redis.Redis.from_url(server.url), "sim:")
+            wait_until(lambda: http.get("/readyz").status_code == 200, 30, "ready")
+            body = {"model": "sim:", "prompt": "hi", "sampling": {"max_tokens": 2}}
+            assert http.post("/v1/requests", json=body).status_code == 202
+        finally:
+            server.stop()
