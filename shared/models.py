@@ -109,6 +109,8 @@ OPENAI_PASSTHROUGH_SAMPLING = (
     "presence_penalty",
     "frequency_penalty",
     "logit_bias",
+    "guided_json",
+    "guided_regex",
 )
 
 
