@@ -54,7 +54,10 @@ TOOLS: list[ChatCompletionToolParam] = [
             "name": "add",
             "parameters": {
                 "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "properties": {
+                    "a": {"type": "integer", "minimum": -999, "maximum": 999},
+                    "b": {"type": "integer", "minimum": -999, "maximum": 999},
+                },
                 "required": ["a", "b"],
                 "additionalProperties": False,
             },
@@ -63,7 +66,10 @@ TOOLS: list[ChatCompletionToolParam] = [
 ]
 ADD: dict[str, Any] = {
     "type": "object",
-    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "properties": {
+        "a": {"type": "integer", "minimum": -999, "maximum": 999},
+        "b": {"type": "integer", "minimum": -999, "maximum": 999},
+    },
     "required": ["a", "b"],
     "additionalProperties": False,
 }
@@ -168,12 +174,28 @@ def _calls(message: Any) -> list[tuple[str, str]]:
 def test_forced_tool_calls_validate_whole_and_streamed(
     client: openai.OpenAI, choice: Any, names: set[str], finish: str
 ) -> None:
-    reply = chat(client, tools=TOOLS, tool_choice=choice, max_tokens=120, temperature=1.0, seed=3)
+    reply = chat(
+        client,
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        max_tokens=200,
+        temperature=1.0,
+        seed=3,
+    )
     message = reply.choices[0].message
     assert reply.choices[0].finish_reason == finish and message.content is None
     _check_calls(_calls(message), names)
     assert all(c.id and c.type == "function" for c in message.tool_calls)
-    stream = chat(client, tools=TOOLS, tool_choice=choice, max_tokens=120, stream=True, seed=4)
+    stream = chat(
+        client,
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        max_tokens=200,
+        stream=True,
+        seed=4,
+    )
     streamed: dict[int, list[str]] = {}
     finishes = []
     for chunk in stream:
@@ -200,7 +222,14 @@ def test_auto_tools_answer_text_or_valid_calls(client: openai.OpenAI) -> None:
 
 
 def test_a_multi_turn_tool_conversation_runs(client: openai.OpenAI) -> None:
-    first = chat(client, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0)
+    first = chat(
+        client,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+        temperature=0,
+    )
     message = first.choices[0].message
     messages: list[Any] = [
         *ASK,
