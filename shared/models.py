@@ -8,12 +8,17 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared.guided import UnsupportedSchema, check_json_schema
 from shared.priority import Priority, parse_priority
 
 SCHEMA_VERSION = 1
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_METADATA_ITEMS = 32
+MAX_LOGIT_BIAS_ITEMS = 300
+MAX_GUIDED_JSON_BYTES = 64_000
+MAX_GUIDED_REGEX_CHARS = 4_000
+MAX_N = 16
 # The metadata item naming who submitted a request. A gateway sets it from the caller's
 # API key (never from the body); requests, their idempotency keys and their batches are
 # kept apart by it.
@@ -32,6 +37,7 @@ class SamplingParams(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 means no top-k cut")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop tokens below min_p * the top's")
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = Field(
@@ -40,6 +46,21 @@ class SamplingParams(_Strict):
     stop_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = Field((), max_length=64)
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted once from every generated token's logit"
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted per occurrence among generated tokens"
+    )
+    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] = (
+        Field(default_factory=dict, max_length=MAX_LOGIT_BIAS_ITEMS)
+    )
+    guided_json: dict[str, Any] | None = Field(
+        None, description="a JSON schema the output must fit ({} or {'type': 'object'}: any)"
+    )
+    guided_regex: str | None = Field(
+        None, min_length=1, max_length=MAX_GUIDED_REGEX_CHARS, description="a regex to match"
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> SamplingParams:
@@ -47,7 +68,26 @@ class SamplingParams(_Strict):
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
+        if self.guided_json is not None and self.guided_regex is not None:
+            raise ValueError("give at most one of guided_json and guided_regex")
         return self
+
+    @field_validator("guided_json")
+    @classmethod
+    def _enforceable(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is None:
+            return None
+        if len(orjson.dumps(schema)) > MAX_GUIDED_JSON_BYTES:
+            raise ValueError(f"the schema is over {MAX_GUIDED_JSON_BYTES} bytes of JSON")
+        try:
+            check_json_schema(schema)
+        except UnsupportedSchema as e:
+            raise ValueError(str(e)) from e
+        return schema
+
+    @property
+    def guided(self) -> bool:
+        return self.guided_json is not None or self.guided_regex is not None
 
     @property
     def greedy(self) -> bool:
@@ -60,11 +100,17 @@ OPENAI_PASSTHROUGH_SAMPLING = (
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
     "min_tokens",
     "repetition_penalty",
     "seed",
     "stop_token_ids",
     "ignore_eos",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "guided_json",
+    "guided_regex",
 )
 
 

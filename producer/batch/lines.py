@@ -22,13 +22,7 @@ from shared.settings import Settings
 Kind = Literal["chat", "completion"]
 URL_KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 # OpenAI fields that are accepted only at the value that changes nothing.
-NEUTRAL = {
-    "n": 1,
-    "stream": False,
-    "frequency_penalty": 0,
-    "presence_penalty": 0,
-    "logprobs": False,
-}
+NEUTRAL = {"n": 1, "stream": False, "logprobs": False}
 IGNORED = ("user", "store", "service_tier")
 KNOWN = {
     "model",
@@ -38,6 +32,7 @@ KNOWN = {
     "max_completion_tokens",
     "stop",
     "metadata",
+    "response_format",
     *OPENAI_PASSTHROUGH_SAMPLING,
     *NEUTRAL,
     *IGNORED,
@@ -183,7 +178,31 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     stop = body.get("stop")
     if stop is not None:
         values["stop"] = [stop] if isinstance(stop, str) else stop
+    schema = _response_schema(body.get("response_format"))
+    if schema is not None:
+        if "guided_json" in values or "guided_regex" in values:
+            raise InvalidRequest("body.response_format: give it or guided_json/guided_regex")
+        values["guided_json"] = schema
     return values
+
+
+def _response_schema(response_format: object) -> object:
+    """The guided_json schema a response_format asks for (None for text)."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema" and isinstance(response_format, dict):
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if isinstance(schema, dict):
+            return schema
+    raise InvalidRequest(
+        "body.response_format: give {'type': 'text' | 'json_object'} or "
+        "{'type': 'json_schema', 'json_schema': {'schema': {...}}}"
+    )
 
 
 def _message(message: object) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,11 +17,30 @@ from producer.gateway.openai_schemas import (
     ChatMessageIn,
     CompletionRequest,
     GenerationBody,
+    NamedToolChoice,
+    ResponseFormat,
 )
-from shared.models import OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
+from producer.tools import (
+    ToolError,
+    ToolPlan,
+    calls_as_text,
+    plan_tools,
+    tool_result_text,
+    with_tool_prompt,
+)
+from shared.guided import UnsupportedSchema, check_json_schema
+from shared.models import MAX_N, OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
 
 
-def chat_request(body: ChatCompletionRequest, caller: Principal) -> GenerationRequest:
+@dataclass(frozen=True)
+class ChatPlan:
+    """A chat body as tokenq runs it: the request (one per choice) and its tools."""
+
+    requests: list[GenerationRequest]
+    tools: ToolPlan
+
+
+def chat_request(body: ChatCompletionRequest, caller: Principal) -> ChatPlan:
     _check_common(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
@@ -29,8 +49,74 @@ def chat_request(body: ChatCompletionRequest, caller: Principal) -> GenerationRe
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
     sampling = _sampling(body, max_tokens, logprobs)
-    messages = [_message(m) for m in body.messages]
-    return _build(body, caller, {"messages": messages}, sampling, body.metadata)
+    tools = _tool_plan(body)
+    _add_guide(sampling, _response_schema(body.response_format), tools)
+    messages = with_tool_prompt([to_prompt_message(m) for m in body.messages], tools)
+    gen = _build(body, caller, {"messages": messages}, sampling, body.metadata)
+    return ChatPlan(fan_out(gen, body.n), tools)
+
+
+def fan_out(gen: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """``n`` requests for ``n`` choices: choice i has seed + i and idempotency key #i."""
+    if n == 1:
+        return [gen]
+    seed, key = gen.sampling.seed, gen.idempotency_key
+    return [
+        gen.model_copy(
+            update={
+                "sampling": gen.sampling.model_copy(
+                    update={"seed": None if seed is None else (seed + i) % 2**63}
+                ),
+                "idempotency_key": None if key is None else f"{key}#{i}",
+            }
+        )
+        for i in range(n)
+    ]
+
+
+def _tool_plan(body: ChatCompletionRequest) -> ToolPlan:
+    tools = [t.model_dump() for t in body.tools] if body.tools else None
+    choice: object = body.tool_choice
+    if isinstance(body.tool_choice, NamedToolChoice):
+        choice = body.tool_choice.model_dump()
+    try:
+        return plan_tools(tools, choice, body.parallel_tool_calls)
+    except ToolError as e:
+        raise invalid(str(e), e.param) from e
+
+
+def _response_schema(response_format: ResponseFormat | None) -> dict[str, Any] | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return {"type": "object"}
+    if response_format.json_schema is None:
+        raise invalid("response_format: json_schema needs its json_schema", "response_format")
+    schema = response_format.json_schema.schema_
+    try:
+        check_json_schema(schema)
+    except UnsupportedSchema as e:
+        param = "response_format.json_schema.schema"
+        raise invalid(f"{param}: {e}", param, "unsupported") from e
+    return schema
+
+
+def _add_guide(sampling: dict[str, Any], schema: dict[str, Any] | None, tools: ToolPlan) -> None:
+    guides = [
+        name
+        for name, on in (
+            ("response_format", schema is not None),
+            ("tool_choice", tools.schema() is not None),
+            ("guided_json", "guided_json" in sampling),
+            ("guided_regex", "guided_regex" in sampling),
+        )
+        if on
+    ]
+    if len(guides) > 1:
+        message = f"{guides[1]}: cannot be combined with {guides[0]}; give one of them"
+        raise invalid(message, guides[1])
+    if schema is not None or tools.schema() is not None:
+        sampling["guided_json"] = schema if schema is not None else tools.schema()
 
 
 def completion_request(body: CompletionRequest, caller: Principal) -> GenerationRequest:
@@ -46,21 +132,22 @@ def completion_request(body: CompletionRequest, caller: Principal) -> Generation
 
 
 def _check_common(body: GenerationBody) -> None:
-    if body.n != 1:
-        raise invalid(
-            f"n: only n=1 is supported (got {body.n}); send separate requests", "n", "unsupported"
-        )
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(body, name) not in (None, 0):
-            raise invalid(f"{name} is not supported; use repetition_penalty", name, "unsupported")
+    if not 1 <= body.n <= MAX_N:
+        raise invalid(f"n: must be from 1 to {MAX_N} (got {body.n})", "n")
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options needs stream: true", "stream_options")
 
 
-def _message(message: ChatMessageIn) -> dict[str, str]:
+def to_prompt_message(message: ChatMessageIn) -> dict[str, str]:
+    """One message as the chat template sees it; tool calls and results become text."""
     role = "system" if message.role == "developer" else message.role
-    content = message.content
+    content = message.content or ""
     text = content if isinstance(content, str) else "".join(p.text for p in content)
+    if message.tool_calls:
+        calls = calls_as_text([c.model_dump() for c in message.tool_calls])
+        text = f"{text}\n{calls}" if text else calls
+    if role == "tool":
+        text = tool_result_text(text, message.tool_call_id)
     return {"role": role, "content": text}
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 import redis
@@ -12,9 +13,16 @@ from pydantic import BaseModel
 
 from producer.gateway.auth import Caller
 from producer.gateway.backend import Backend, BackendDep, Submitted, model_not_found
+from producer.gateway.entries import Entry
 from producer.gateway.errors import error_responses, map_tokenq_error
-from producer.gateway.openai_output import Renderer, failure
-from producer.gateway.openai_requests import chat_request, completion_request
+from producer.gateway.openai_output import (
+    Renderer,
+    chat_completion,
+    completion,
+    failure,
+    stream_end,
+)
+from producer.gateway.openai_requests import chat_request, completion_request, fan_out
 from producer.gateway.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -43,7 +51,7 @@ def _streamed(chunk: str) -> dict[int | str, dict[str, object]]:
 
 
 ERRORS = error_responses(400, 401, 403, 404, 429, 500, 503, 504)
-Whole = Callable[[FinalEvent], BaseModel]
+Whole = Callable[[list[FinalEvent]], BaseModel]
 
 
 @router.post(
@@ -55,11 +63,12 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Generate a chat reply (OpenAI-compatible; tokenq fields as extra body fields)."""
-    gen = chat_request(body, caller)
+    plan = chat_request(body, caller)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = Renderer("chat", "", gen.model, include_usage)
-    whole: Whole = lambda final: renderer.chat_completion(final, body.logprobs)  # noqa: E731
-    return await _answer(request, backend, gen, body.stream, renderer, whole)
+    model = plan.requests[0].model
+    renderers = [Renderer("chat", "", model, include_usage, i, plan.tools) for i in range(body.n)]
+    whole: Whole = lambda finals: chat_completion(renderers, finals, body.logprobs)  # noqa: E731
+    return await _answer(request, backend, plan.requests, body.stream, renderers, whole)
 
 
 @router.post(
@@ -69,11 +78,12 @@ async def completions(
     body: CompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Continue a prompt (OpenAI-compatible; one prompt per request)."""
-    gen = completion_request(body, caller)
+    gens = fan_out(completion_request(body, caller), body.n)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = Renderer("text", "", gen.model, include_usage)
-    whole: Whole = lambda final: renderer.completion(final, body.logprobs is not None)  # noqa: E731
-    return await _answer(request, backend, gen, body.stream, renderer, whole)
+    renderers = [Renderer("text", "", gens[0].model, include_usage, i) for i in range(body.n)]
+    want_logprobs = body.logprobs is not None
+    whole: Whole = lambda finals: completion(renderers, finals, want_logprobs)  # noqa: E731
+    return await _answer(request, backend, gens, body.stream, renderers, whole)
 
 
 @router.get("/models", response_model=ModelList, responses=error_responses(401, 503))
@@ -100,25 +110,47 @@ def _card(model: LiveModel) -> ModelCard:
 async def _answer(
     request: Request,
     backend: Backend,
-    gen: GenerationRequest,
+    gens: list[GenerationRequest],
     stream: bool,
-    renderer: Renderer,
+    renderers: list[Renderer],
     whole: Whole,
 ) -> Response:
-    submitted = await backend.submit(gen, api=renderer.kind)
-    renderer.request_id = submitted.request_id
-    headers = {REQUEST_ID_HEADER: submitted.request_id}
+    submitted = await _submit_all(backend, gens, renderers[0].kind)
+    for renderer in renderers:
+        renderer.request_id = submitted[0].request_id
+    headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
     if stream:
-        return _stream(backend, submitted, renderer, headers)
-    final = await unless_disconnected(request, _collect(backend, submitted, renderer))
-    if final is None:
-        await _client_left(backend, submitted, renderer)
+        return _stream(backend, submitted, renderers, headers)
+    collect = asyncio.gather(
+        *(_collect(backend, s, r) for s, r in zip(submitted, renderers, strict=True))
+    )
+    finals = await unless_disconnected(request, _gathered(collect))
+    if finals is None:
+        await _client_left(backend, submitted, renderers[0].kind)
         return Response(status_code=CLIENT_CLOSED)
-    error = failure(final)
-    if error is not None:
-        raise error
-    body = orjson.dumps(whole(final).model_dump(mode="json"))
+    for final in finals:
+        if (error := failure(final)) is not None:
+            raise error
+    body = orjson.dumps(whole(finals).model_dump(mode="json"))
     return Response(body, media_type="application/json", headers=headers)
+
+
+async def _gathered(work: Awaitable[list[FinalEvent]]) -> list[FinalEvent]:
+    return await work
+
+
+async def _submit_all(
+    backend: Backend, gens: list[GenerationRequest], kind: str
+) -> list[Submitted]:
+    """One request per choice; when one is refused, the ones before it are cancelled."""
+    submitted: list[Submitted] = []
+    try:
+        for gen in gens:
+            submitted.append(await backend.submit(gen, api=kind))
+    except BaseException:
+        await _cancel_all(backend, submitted)
+        raise
+    return submitted
 
 
 async def _collect(backend: Backend, submitted: Submitted, renderer: Renderer) -> FinalEvent:
@@ -132,32 +164,76 @@ async def _collect(backend: Backend, submitted: Submitted, renderer: Renderer) -
     raise NotFound(f"request {submitted.request_id} ended without a final event")
 
 
+async def _merged(
+    backend: Backend, submitted: list[Submitted]
+) -> AsyncIterator[tuple[int, list[Entry]]]:
+    """Every choice's event batches as they come, tagged with the choice's index."""
+    if len(submitted) == 1:
+        async for batch in backend.events(submitted[0].request_id):
+            yield 0, batch
+        return
+    queue: asyncio.Queue[tuple[int, list[Entry] | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, request_id: str) -> None:
+        try:
+            async for batch in backend.events(request_id):
+                await queue.put((index, batch))
+            await queue.put((index, None))
+        except Exception as e:
+            await queue.put((index, e))
+
+    tasks = [asyncio.create_task(pump(i, s.request_id)) for i, s in enumerate(submitted)]
+    try:
+        num_open = len(tasks)
+        while num_open:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                num_open -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _stream(
-    backend: Backend, submitted: Submitted, renderer: Renderer, headers: dict[str, str]
+    backend: Backend,
+    submitted: list[Submitted],
+    renderers: list[Renderer],
+    headers: dict[str, str],
 ) -> SSEResponse:
-    ended = False
+    kind = renderers[0].kind
+    finals: dict[int, FinalEvent] = {}
+    failed = False
 
     async def body() -> AsyncIterator[bytes]:
-        nonlocal ended
-        backend.metrics.streams.labels(renderer.kind).inc()
+        nonlocal failed
+        backend.metrics.streams.labels(kind).inc()
         try:
-            if first := renderer.first_chunk():
-                yield first
-            async for batch in backend.events(submitted.request_id):
-                chunks, final = renderer.render(batch)
+            yield b"".join(r.first_chunk() for r in renderers)
+            async for index, batch in _merged(backend, submitted):
+                chunks, final = renderers[index].render(batch)
                 if final is not None:
-                    ended = True
-                    _record(backend, submitted, final)
+                    finals[index] = final
+                    _record(backend, submitted[index], final)
+                if len(finals) == len(renderers):
+                    ordered = [finals[i] for i in range(len(renderers))]
+                    yield chunks + stream_end(renderers[0], ordered)
+                    return
                 yield chunks or KEEPALIVE
         except (TokenqError, redis.RedisError) as e:
-            ended = True
-            yield renderer.error_chunk(map_tokenq_error(e).detail)
+            failed = True
+            yield renderers[0].error_chunk(map_tokenq_error(e).detail)
         finally:
-            backend.metrics.streams.labels(renderer.kind).dec()
+            backend.metrics.streams.labels(kind).dec()
 
     async def on_disconnect() -> None:
-        if not ended:
-            await _client_left(backend, submitted, renderer)
+        running = [s for i, s in enumerate(submitted) if i not in finals]
+        if running and not failed:
+            await _client_left(backend, running, kind)
 
     return SSEResponse(body(), headers=headers, on_disconnect=on_disconnect)
 
@@ -167,14 +243,20 @@ def _record(backend: Backend, submitted: Submitted, final: FinalEvent) -> None:
         backend.metrics.finished(submitted.request.model, submitted.request.priority, final)
 
 
-async def _client_left(backend: Backend, submitted: Submitted, renderer: Renderer) -> None:
-    """An OpenAI caller cannot resume, so its request is cancelled to free the worker's
-    slot; unless it was an idempotent repeat, whose request belongs to the first caller."""
-    backend.metrics.disconnects.labels(renderer.kind).inc()
-    if submitted.duplicate:
-        return
-    try:
-        outcome = await backend.cancel(submitted.request_id)
-        log.info("client left: cancel of %s %s", submitted.request_id, outcome)
-    except (TokenqError, redis.RedisError) as e:
-        log.warning("client left; could not cancel %s: %s", submitted.request_id, e)
+async def _client_left(backend: Backend, submitted: list[Submitted], kind: str) -> None:
+    """An OpenAI caller cannot resume, so its requests (one per choice) are cancelled to
+    free the worker's slots; unless one was an idempotent repeat, which belongs to the
+    first caller."""
+    backend.metrics.disconnects.labels(kind).inc()
+    await _cancel_all(backend, submitted)
+
+
+async def _cancel_all(backend: Backend, submitted: list[Submitted]) -> None:
+    for item in submitted:
+        if item.duplicate:
+            continue
+        try:
+            outcome = await backend.cancel(item.request_id)
+            log.info("client left: cancel of %s %s", item.request_id, outcome)
+        except (TokenqError, redis.RedisError) as e:
+            log.warning("client left; could not cancel %s: %s", item.request_id, e)

@@ -1,8 +1,9 @@
 """OpenAI-compatible request and response bodies (the subset tokenq serves).
 
 tokenq's own fields ride along as extra body fields, as vLLM's do: priority,
-deadline, idempotency_key, top_k, min_tokens, repetition_penalty, ignore_eos,
-stop_token_ids. Unknown fields are refused with 400 naming them, rather than ignored.
+deadline, idempotency_key, top_k, min_p, min_tokens, repetition_penalty, ignore_eos,
+stop_token_ids, guided_json, guided_regex. Unknown fields are refused with 400
+naming them, rather than ignored.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Literal
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.models import SamplingParams
+from shared.models import MAX_N, SamplingParams
 
 MAX_DEADLINE_S = 366 * 24 * 3600
 PRIORITY_DOC = "tokenq: low, normal, high, critical or 0..100 (higher runs first)"
@@ -55,12 +56,15 @@ class GenerationBody(BaseModel):
     top_p: float | None = _sampled("top_p")
     stop: str | list[str] | None = _sampled("stop")
     seed: int | None = _sampled("seed")
-    n: int = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})
+    n: int = Field(1, json_schema_extra={"minimum": 1, "maximum": MAX_N})
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    frequency_penalty: float | None = Field(None, json_schema_extra={"enum": [0, None]})
-    presence_penalty: float | None = Field(None, json_schema_extra={"enum": [0, None]})
+    frequency_penalty: float | None = _sampled("frequency_penalty")
+    presence_penalty: float | None = _sampled("presence_penalty")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (as a string) to a bias from -100 to 100"
+    )
     priority: int | str | None = Field(None, description=PRIORITY_DOC)
     deadline: float | None = Field(
         None,
@@ -69,6 +73,9 @@ class GenerationBody(BaseModel):
     )
     idempotency_key: str | None = Field(None, description="tokenq: repeat-safe submit key")
     top_k: int | None = _sampled("top_k")
+    min_p: float | None = _sampled("min_p")
+    guided_json: dict[str, Any] | None = Field(None, description="tokenq: a JSON schema to fit")
+    guided_regex: str | None = Field(None, description="tokenq: a regex the output matches")
     min_tokens: int | None = _sampled("min_tokens")
     repetition_penalty: float | None = _sampled("repetition_penalty")
     ignore_eos: bool | None = None
@@ -81,11 +88,59 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="the arguments as a JSON object in a string")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDef(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(GenerationBody):
@@ -94,6 +149,10 @@ class ChatCompletionRequest(GenerationBody):
     logprobs: bool = False
     top_logprobs: int | None = _sampled("logprobs")
     metadata: dict[str, str] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(GenerationBody):
@@ -126,14 +185,17 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda calls: calls is None)
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: str = Field(description="stop, length, or tokenq's timeout / cancelled")
+    finish_reason: str = Field(
+        description="stop, length, tool_calls, or tokenq's timeout / cancelled"
+    )
 
 
 class ChatCompletion(BaseModel):
@@ -145,9 +207,14 @@ class ChatCompletion(BaseModel):
     usage: CompletionUsage
 
 
+class ToolCallDelta(ToolCall):
+    index: int
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

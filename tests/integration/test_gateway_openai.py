@@ -73,8 +73,8 @@ def test_completion(client: openai.OpenAI) -> None:
 def test_errors_raise_the_usual_exceptions(client: openai.OpenAI, gateway_url: str) -> None:
     with pytest.raises(openai.NotFoundError, match="not served by any worker"):
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)
-    with pytest.raises(openai.BadRequestError, match="only n=1") as bad:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=3)
+    with pytest.raises(openai.BadRequestError, match="from 1 to 16") as bad:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=17)
     assert bad.value.param == "n"
     web = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="sk-web", max_retries=0)
     with web, pytest.raises(openai.PermissionDeniedError, match="above this API key's maximum"):

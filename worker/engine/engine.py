@@ -13,6 +13,7 @@ from typing import Any
 
 from shared.models import FinishReason
 from worker.engine.config import EngineConfig
+from worker.engine.grammar import Grammars
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput
@@ -57,6 +58,8 @@ class Engine:
         self._seq_numbers = itertools.count()
         self._text: dict[str, _TextState] = {}
         self._pending_finish: dict[str, tuple[Sequence, FinishReason]] = {}
+        self.vocab_size: int = self.runner.model.config.get_text_config().vocab_size
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.runner.eos_token_ids)
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -76,6 +79,8 @@ class Engine:
     def add_request(self, req: EngineRequest) -> None:
         """Queue ``req`` for the next steps; raises ``ValueError`` when it cannot run."""
         self._validate(req)
+        if req.sampling.guided and req.grammar is None:
+            req.grammar = self.grammars.matcher(req.sampling, req.output_token_ids)
         seq = Sequence.from_request(req, next(self._seq_numbers))
         self._text[req.request_id] = _TextState(self, seq)
         self.scheduler.add(seq)
@@ -146,6 +151,12 @@ class Engine:
                 f"generate within this engine's context of {self.max_model_len} tokens; "
                 "shorten the prompt"
             )
+        too_big = [t for t in req.sampling.logit_bias if t >= self.vocab_size]
+        if too_big:
+            raise ValueError(
+                f"request {req.request_id}: logit_bias token id {too_big[0]} is not in this "
+                f"model's vocabulary of {self.vocab_size} tokens"
+            )
 
     def _finish_cancelled(self) -> list[RequestOutput]:
         now = time.time()
@@ -212,6 +223,9 @@ class Engine:
             return FinishReason.STOP
         if not params.ignore_eos and token_id in self.runner.eos_token_ids:
             return FinishReason.STOP
+        grammar = seq.request.grammar
+        if grammar is not None and (not grammar.accept(token_id) or grammar.terminated):
+            return FinishReason.STOP  # the output is complete (or the grammar is stuck)
         return None
 
     def _at_length(self, seq: Sequence) -> bool:

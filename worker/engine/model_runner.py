@@ -19,7 +19,7 @@ from worker.engine.attention import ATTN_IMPLEMENTATION, PrefillChunk, StepBatch
 from worker.engine.config import EngineConfig
 from worker.engine.fused_llama import FusedLlama
 from worker.engine.outputs import KVCopy, RunnerOutput, ScheduledSeq, SchedulerOutput
-from worker.engine.sampler import Sampler, SamplingRow
+from worker.engine.sampler import Sampler, SamplingRow, sampling_row
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +150,7 @@ class ModelRunner:
         return mask[:, None, None, :]
 
     def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:
-        seq = item.seq
-        params = seq.sampling
-        suppressed: tuple[int, ...] = ()
-        if seq.num_output_tokens < params.min_tokens:
-            suppressed = (*self.eos_token_ids, *params.stop_token_ids)
-        history = seq.token_ids if params.repetition_penalty != 1.0 else []
-        return SamplingRow(params, seq.num_output_tokens, history, suppressed)
+        return sampling_row(item.seq, self.eos_token_ids)
 
     def _copy_prefixes(self, copies: list[KVCopy]) -> None:
         for copy in copies:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.models import FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from worker.engine.grammar import GrammarState
 
 
 @dataclass
@@ -25,6 +29,8 @@ class EngineRequest:
     deadline_unix_s: float | None = None
     # RESUME: the text clients already received for output_token_ids (None: all of it).
     output_text: str | None = None
+    # Set by the engine for guided requests: the matcher, replayed over output_token_ids.
+    grammar: GrammarState | None = None
 
 
 class SeqStatus(enum.Enum):

@@ -1,136 +1,177 @@
 """Next tokens for a batch of rows, each with its own sampling parameters.
 
+Everything is batched tensor work over ``[rows, vocab]`` with per-row parameter
+tensors built once per step: penalties, logit_bias, suppressed tokens, grammar
+masks, temperature, top-k / top-p / min-p, then one draw for all rows, and one
+device-to-host copy of the chosen ids and their logprobs together.
+
 Greedy rows take the argmax. Random rows draw with the exponential race
 (``argmax(p / E)``, ``E ~ Exp(1)``), which picks token ``i`` with probability
-``p_i``. A seeded row draws its noise from a generator seeded by (seed, index of
-the token in the completion), so it samples the same tokens whatever else shares
-its batch and after a resume.
+``p_i``. The noise is a hash of (row key, token id): a seeded row's key comes from
+(seed, index of the token in the completion), so it samples the same tokens
+whatever else shares its batch and after a resume; other rows get a fresh random key.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from shared.models import SamplingParams
+from worker.engine import sampling_ops as ops
+from worker.engine.sampling_ops import token_seed
 
-_MASK64 = (1 << 64) - 1
+if TYPE_CHECKING:
+    from worker.engine.request import Sequence
+
+__all__ = ["Sampler", "SamplingRow", "TokenMask", "sampling_row", "token_seed"]
+
+
+class TokenMask(Protocol):
+    """A grammar matcher's view for the sampler: which tokens may come next."""
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> Any: ...
 
 
 @dataclass
 class SamplingRow:
     params: SamplingParams
     output_index: int
-    history: list[int]
+    history: Seq[int]  # prompt then generated tokens
     suppressed_ids: tuple[int, ...] = ()
+    num_prompt_tokens: int = 0
+    grammar: TokenMask | None = None
+
+    @property
+    def output_ids(self) -> Seq[int]:
+        return self.history[self.num_prompt_tokens :]
 
 
-def token_seed(seed: int, output_index: int) -> int:
-    """A well-mixed 63-bit seed for one token (splitmix64 of seed and index)."""
-    z = (seed * 0x9E3779B97F4A7C15 + output_index + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) >> 1
+def sampling_row(seq: Sequence, eos_token_ids: Seq[int]) -> SamplingRow:
+    """The row for ``seq``'s next token (EOS and stop ids held back before min_tokens)."""
+    params = seq.sampling
+    suppressed: tuple[int, ...] = ()
+    if seq.num_output_tokens < params.min_tokens:
+        suppressed = (*eos_token_ids, *params.stop_token_ids)
+    return SamplingRow(
+        params,
+        seq.num_output_tokens,
+        seq.token_ids,
+        suppressed,
+        seq.num_prompt_tokens,
+        seq.request.grammar,
+    )
 
 
 class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.generator = torch.Generator(device=device)
-        self.generator.seed()
+        self._rng = random.Random()
 
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow]
     ) -> tuple[list[int], list[dict[str, Any] | None]]:
-        logits = logits.float()
-        raw = logits
-        logits = self._process(logits, rows)
-        token_ids = torch.argmax(logits, dim=-1)
-        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if random_rows:
-            index = torch.tensor(random_rows, device=logits.device)
-            picked = self._sample(logits[index], [rows[i] for i in random_rows])
-            token_ids[index] = picked
-        ids: list[int] = token_ids.tolist()
-        return ids, self._logprobs(raw, rows, ids)
+        raw = logits.float()
+        processed = self._process(raw.clone(), rows)
+        token_ids = self._pick(processed, rows)
+        num_top = max((r.params.logprobs or 0 for r in rows), default=0)
+        wants_logprobs = any(r.params.logprobs is not None for r in rows)
+        packed = _pack(raw, token_ids, num_top) if wants_logprobs else token_ids[:, None]
+        host: list[list[float]] = packed.double().cpu().tolist()  # the one device-to-host copy
+        ids = [int(row[0]) for row in host]
+        return ids, [_logprobs_entry(r, h) for r, h in zip(rows, host, strict=True)]
+
+    def _tensor(self, values: Seq[object], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
     def _process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        penalized = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
-        suppressed = [i for i, r in enumerate(rows) if r.suppressed_ids]
-        if not penalized and not suppressed:
-            return logits
-        logits = logits.clone()
-        for i in penalized:
-            _apply_repetition_penalty(logits[i], rows[i])
-        for i in suppressed:
-            logits[i, list(rows[i].suppressed_ids)] = float("-inf")
+        """Penalties, biases and masks: what changes which tokens may come, and how likely."""
+        params = [r.params for r in rows]
+        if any(p.repetition_penalty != 1.0 for p in params):
+            logits = self._repetition(logits, rows)
+        if any(p.presence_penalty or p.frequency_penalty for p in params):
+            counts = ops.output_counts(
+                [list(r.output_ids) for r in rows], logits.shape[-1], logits.device
+            )
+            frequency = self._tensor([p.frequency_penalty for p in params], torch.float32)
+            presence = self._tensor([p.presence_penalty for p in params], torch.float32)
+            logits = ops.apply_frequency_presence(logits, counts, frequency, presence)
+        logits = self._add_sparse(logits, rows)
+        if any(r.grammar is not None for r in rows):
+            logits = ops.apply_bitmask(logits, self._bitmask(rows, logits.shape[-1]))
         return logits
 
-    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        temperatures = torch.tensor([r.params.temperature for r in rows], device=logits.device)
-        logits = logits / temperatures[:, None]
-        logits = _top_k_top_p(logits, rows)
-        probs = torch.softmax(logits, dim=-1)
-        noise = torch.stack([self._noise(r, probs.shape[-1]) for r in rows])
-        return torch.argmax(probs / noise, dim=-1)
+    def _repetition(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        history = [list(r.history) if r.params.repetition_penalty != 1.0 else [] for r in rows]
+        seen = ops.output_counts(history, logits.shape[-1], logits.device) > 0
+        penalty = self._tensor([r.params.repetition_penalty for r in rows], torch.float32)
+        return ops.apply_repetition_penalty(logits, seen, penalty)
 
-    def _noise(self, row: SamplingRow, vocab_size: int) -> torch.Tensor:
-        generator = self.generator
-        if row.params.seed is not None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(token_seed(row.params.seed, row.output_index))
-        noise = torch.empty(vocab_size, device=self.device)
-        return noise.exponential_(generator=generator).clamp_(min=1e-10)
-
-    def _logprobs(
-        self, raw: torch.Tensor, rows: list[SamplingRow], ids: list[int]
-    ) -> list[dict[str, Any] | None]:
-        """The model's own log-probabilities (before penalties and temperature)."""
-        wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        result: list[dict[str, Any] | None] = [None] * len(rows)
-        if not wanted:
-            return result
-        logprobs = torch.log_softmax(raw[wanted], dim=-1)
-        for j, i in enumerate(wanted):
-            result[i] = _top_logprobs(logprobs[j], ids[i], rows[i].params.logprobs or 0)
-        return result
-
-
-def _apply_repetition_penalty(logits: torch.Tensor, row: SamplingRow) -> None:
-    """As transformers does it: seen tokens' logits are divided by the penalty when
-    positive and multiplied when negative."""
-    seen = torch.tensor(sorted(set(row.history)), dtype=torch.long, device=logits.device)
-    scores = logits[seen]
-    penalty = row.params.repetition_penalty
-    logits[seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
-
-
-def _top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    if all(r.params.top_k == 0 and r.params.top_p >= 1.0 for r in rows):
+    def _add_sparse(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """logit_bias added and suppressed ids set to -inf, as one scatter each."""
+        bias = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias.items()]
+        if bias:
+            index = self._tensor([[i for i, _, _ in bias], [t for _, t, _ in bias]], torch.long)
+            values = self._tensor([b for _, _, b in bias], torch.float32)
+            logits.index_put_((index[0], index[1]), values, accumulate=True)
+        banned = [(i, t) for i, r in enumerate(rows) for t in r.suppressed_ids]
+        if banned:
+            index = self._tensor([[i for i, _ in banned], [t for _, t in banned]], torch.long)
+            logits[index[0], index[1]] = float("-inf")
         return logits
-    vocab_size = logits.shape[-1]
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    top_k = torch.tensor([r.params.top_k or vocab_size for r in rows], device=logits.device)
-    top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device)
-    ranks = torch.arange(vocab_size, device=logits.device)
-    drop = ranks[None, :] >= top_k[:, None]
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-    drop |= (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+    def _bitmask(self, rows: list[SamplingRow], vocab_size: int) -> torch.Tensor:
+        bitmask = torch.full((len(rows), (vocab_size + 31) // 32), -1, dtype=torch.int32)
+        for i, row in enumerate(rows):
+            if row.grammar is not None:
+                row.grammar.fill_next_token_bitmask(bitmask, i)
+        return bitmask
+
+    def _pick(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        greedy_ids = torch.argmax(logits, dim=-1)
+        if all(r.params.greedy for r in rows):
+            return greedy_ids
+        params = [r.params for r in rows]
+        temperature = self._tensor([p.temperature or 1.0 for p in params], torch.float32)
+        scaled = logits / temperature[:, None]
+        if any(p.top_k or p.top_p < 1.0 or p.min_p for p in params):
+            top_k = self._tensor([p.top_k for p in params], torch.long)
+            top_p = self._tensor([p.top_p for p in params], torch.float32)
+            min_p = self._tensor([p.min_p for p in params], torch.float32)
+            scaled = ops.apply_top_k_top_p_min_p(scaled, top_k, top_p, min_p)
+        keys = self._tensor([self._noise_key(r) for r in rows], torch.long)
+        noise = ops.exponential_noise(keys, scaled.shape[-1])
+        sampled = torch.argmax(torch.softmax(scaled, dim=-1) / noise, dim=-1)
+        greedy = self._tensor([p.greedy for p in params], torch.bool)
+        return torch.where(greedy, greedy_ids, sampled)
+
+    def _noise_key(self, row: SamplingRow) -> int:
+        if row.params.seed is None:
+            return self._rng.getrandbits(63)
+        return token_seed(row.params.seed, row.output_index)
 
 
-def _top_logprobs(logprobs: torch.Tensor, token_id: int, num_top: int) -> dict[str, Any]:
-    entry: dict[str, Any] = {"token_id": token_id, "logprob": float(logprobs[token_id])}
-    top: list[dict[str, Any]] = []
+def _pack(raw: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> torch.Tensor:
+    """``[rows, 2 + 2 * num_top]``: id, its logprob, then the top ids and logprobs. The
+    logprobs are the model's own (before penalties and temperature)."""
+    logprobs = torch.log_softmax(raw, dim=-1)
+    chosen = logprobs.gather(1, token_ids[:, None])
+    columns = [token_ids[:, None].double(), chosen.double()]
     if num_top:
-        values, indices = torch.topk(logprobs, num_top)
-        top = [
-            {"token_id": int(t), "logprob": float(v)}
-            for t, v in zip(indices.tolist(), values.tolist(), strict=True)
-        ]
-    entry["top"] = top
-    return entry
+        values, indices = torch.topk(logprobs, num_top, dim=-1)
+        columns += [indices.double(), values.double()]
+    return torch.cat(columns, dim=1)
+
+
+def _logprobs_entry(row: SamplingRow, host: list[float]) -> dict[str, Any] | None:
+    if row.params.logprobs is None:
+        return None
+    num_top = row.params.logprobs
+    width = (len(host) - 2) // 2
+    ids, values = host[2 : 2 + num_top], host[2 + width : 2 + width + num_top]
+    top = [{"token_id": int(t), "logprob": v} for t, v in zip(ids, values, strict=True)]
+    return {"token_id": int(host[0]), "logprob": host[1], "top": top}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from producer.batch.lines import BatchInputError, parse_jsonl
+from producer.batch.lines import BatchInputError, BatchLine, parse_jsonl
 from shared.settings import Settings
 from tests.producer.batch.conftest import jsonl
 
@@ -73,3 +75,40 @@ def test_an_empty_file_and_too_many_lines_are_refused() -> None:
         parse_jsonl("\n \n", SETTINGS)
     with pytest.raises(BatchInputError, match="3 lines, over the limit of 2"):
         parse_jsonl(jsonl(3), SETTINGS, max_lines=2)
+
+
+def test_structured_output_penalties_and_bias_ride_on_batch_lines() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        "presence_penalty": 0.5,
+        "frequency_penalty": 1.0,
+        "logit_bias": {"42": -100},
+    }
+    (line,) = parse_jsonl(json.dumps({"custom_id": "a", "body": body}), SETTINGS)
+    s = line.request.sampling
+    assert s.guided_json == schema
+    assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, 1.0, {42: -100.0})
+    assert BatchLine.from_json(line.to_json()) == line
+
+
+@pytest.mark.parametrize(
+    ("field", "says"),
+    [
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"7": 300}}, "logit_bias.7"),
+        ({"response_format": {"type": "xml"}}, "body.response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"if": {}}}}},
+            "'if'",
+        ),
+    ],
+)
+def test_bad_structured_or_penalty_fields_name_the_line(
+    field: dict[str, object], says: str
+) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], **field}
+    with pytest.raises(BatchInputError, match="line 1") as caught:
+        parse_jsonl(json.dumps({"custom_id": "a", "body": body}), SETTINGS)
+    assert says in str(caught.value)

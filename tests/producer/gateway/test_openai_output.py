@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 
 from producer.gateway.entries import Entry, parse_entry
-from producer.gateway.openai_output import Renderer, failure
+from producer.gateway.openai_output import Renderer, chat_completion, failure, stream_end
 from producer.gateway.openai_schemas import ChatCompletionChunk, Completion
+from producer.tools import plan_tools
 from shared.models import FinalEvent, FinishReason, TokenEvent, Usage, dumps
 
 FINAL = FinalEvent(
@@ -14,9 +15,11 @@ FINAL = FinalEvent(
 )
 
 
-def _token(i: int, logprobs: bool = False) -> Entry:
+def _token(i: int, logprobs: bool = False, text: str | None = None) -> Entry:
     lp = ({"token_id": i, "logprob": -0.1, "top": [{"token_id": 9, "logprob": -2.0}]},)
-    event = TokenEvent(index=i, token_ids=(i,), text=f"w{i}", logprobs=lp if logprobs else None)
+    event = TokenEvent(
+        index=i, token_ids=(i,), text=text or f"w{i}", logprobs=lp if logprobs else None
+    )
     return parse_entry(f"{i}-0", {"e": dumps(event)})
 
 
@@ -29,7 +32,7 @@ def test_chat_chunks_validate_and_end_with_usage_then_done() -> None:
     final = parse_entry("9-0", {"e": dumps(FINAL)})
     rendered, seen_final = r.render([_token(0, True), final])
     assert seen_final == FINAL
-    frames = r.first_chunk() + rendered
+    frames = r.first_chunk() + rendered + stream_end(r, [FINAL])
     payloads = _payloads(frames)
     assert payloads[-1] == "[DONE]"
     chunks = [ChatCompletionChunk.model_validate_json(p) for p in payloads[:-1]]
@@ -61,7 +64,7 @@ def test_text_chunks_carry_offsets_and_the_whole_completion_agrees() -> None:
 def test_an_error_final_in_a_stream_sends_an_error_object_before_done() -> None:
     r = Renderer("chat", "abc", "m")
     broken = FinalEvent(finish_reason=FinishReason.ERROR, error="CUDA fell over")
-    payloads = _payloads(r.final_chunks(broken))
+    payloads = _payloads(r.final_chunks(broken) + stream_end(r, [broken]))
     assert orjson.loads(payloads[1])["error"]["code"] == "generation_failed"
     assert payloads[-1] == "[DONE]"
 
@@ -73,3 +76,52 @@ def test_expired_and_failed_requests_are_errors_not_answers() -> None:
     assert failed is not None and failed.status == 500
     assert failure(FINAL) is None
     assert failure(FinalEvent(finish_reason=FinishReason.CANCELLED)) is None
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CALL = ['{"tool_calls": [{"name": "weather", ', '"arguments": {"city": "Oslo"}}]}']
+STOP = FinalEvent(
+    finish_reason=FinishReason.STOP, usage=Usage(prompt_tokens=5, completion_tokens=2)
+)
+
+
+def test_a_streamed_tool_call_comes_as_one_tool_calls_delta() -> None:
+    r = Renderer("chat", "abc", "m", tools=plan_tools(WEATHER, "auto"))
+    held = r.token_chunk(_token(0, text=CALL[0])) + r.token_chunk(_token(1, text=CALL[1]))
+    assert held == b""  # an auto reply that may be a call is held until it ends
+    chunks = [ChatCompletionChunk.model_validate_json(p) for p in _payloads(r.final_chunks(STOP))]
+    calls = chunks[0].choices[0].delta.tool_calls
+    assert calls is not None and [c.index for c in calls] == [0]
+    assert (calls[0].function.name, calls[0].function.arguments) == ("weather", '{"city":"Oslo"}')
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_an_auto_reply_in_prose_streams_as_content() -> None:
+    r = Renderer("chat", "abc", "m", tools=plan_tools(WEATHER, "auto"))
+    frames = r.token_chunk(_token(0, text="It is")) + r.final_chunks(STOP)
+    chunks = [ChatCompletionChunk.model_validate_json(p) for p in _payloads(frames)]
+    assert chunks[0].choices[0].delta.content == "It is"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_n_choices_make_one_completion_with_indexes_and_summed_usage() -> None:
+    named = plan_tools(WEATHER, {"type": "function", "function": {"name": "weather"}})
+    renderers = [Renderer("chat", "abc", "m", index=i, tools=named) for i in range(2)]
+    renderers[0].add(_token(0, text="".join(CALL)))
+    renderers[1].add(_token(0, text="not a call"))
+    reply = chat_completion(renderers, [STOP, STOP], want_logprobs=False)
+    assert [c.index for c in reply.choices] == [0, 1]
+    first, second = reply.choices
+    assert first.message.tool_calls is not None and first.message.content is None
+    assert first.message.tool_calls[0].id == "call_abc_0_0"
+    assert first.finish_reason == "stop"  # as OpenAI answers a named tool_choice
+    assert second.message.content == "not a call" and second.message.tool_calls is None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (5, 4)

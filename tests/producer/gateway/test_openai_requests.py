@@ -28,11 +28,15 @@ def test_sampling_fields_map_onto_sampling_params() -> None:
             seed=4,
             logprobs=True,
             top_logprobs=3,
+            presence_penalty=0.5,
+            frequency_penalty=-1,
+            logit_bias={"17": -100},
         ),
         CALLER,
-    )
+    ).requests[0]
     s = req.sampling
     assert (s.max_tokens, s.temperature, s.stop, s.seed, s.logprobs) == (7, 0.0, ("##",), 4, 3)
+    assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, -1.0, {17: -100.0})
     assert req.metadata == {"tenant": "acme"}
 
 
@@ -46,7 +50,7 @@ def test_developer_role_and_text_parts_become_plain_messages() -> None:
             },
         ]
     )
-    messages = chat_request(body, CALLER).messages or ()
+    messages = chat_request(body, CALLER).requests[0].messages or ()
     assert [(m.role, m.content) for m in messages] == [("system", "be brief"), ("user", "ab")]
 
 
@@ -72,3 +76,68 @@ def test_what_cannot_be_served_is_named(fields: dict[str, object], param: str) -
         completion_request(body, CALLER)
     assert caught.value.status == 400
     assert param in caught.value.detail.message
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_n_fans_out_into_requests_with_seed_plus_i() -> None:
+    requests = chat_request(_chat(n=3, seed=10, idempotency_key="k"), CALLER).requests
+    assert [r.sampling.seed for r in requests] == [10, 11, 12]
+    assert [r.idempotency_key for r in requests] == ["k#0", "k#1", "k#2"]
+
+
+def test_response_formats_become_guided_json() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    as_schema = _chat(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+    as_object = _chat(response_format={"type": "json_object"})
+    assert chat_request(as_schema, CALLER).requests[0].sampling.guided_json == schema
+    assert chat_request(as_object, CALLER).requests[0].sampling.guided_json == {"type": "object"}
+
+
+def test_required_tools_constrain_and_prompt_the_model() -> None:
+    plan = chat_request(_chat(tools=[WEATHER], tool_choice="required"), CALLER)
+    request = plan.requests[0]
+    guided = request.sampling.guided_json
+    assert guided is not None and guided["required"] == ["tool_calls"]
+    messages = request.messages or ()
+    assert messages[0].role == "system" and '"name":"weather"' in messages[0].content
+    assert "You must call at least one tool" in messages[0].content
+
+
+def test_a_tool_conversation_becomes_text_turns() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    body = _chat(
+        tools=[WEATHER],
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ],
+    )
+    messages = chat_request(body, CALLER).requests[0].messages or ()
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[2].content == '{"tool_calls":[{"name":"weather","arguments":{}}]}'
+    assert messages[3].content == "Result of tool call c1: sunny"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}, "tool_choice": "required"}, "tool_choice"),
+        ({"guided_regex": "a+", "response_format": {"type": "json_object"}}, "guided_regex"),
+    ],
+)
+def test_conflicting_or_unknown_tool_choices_are_named(
+    fields: dict[str, object], param: str
+) -> None:
+    with pytest.raises(ApiError) as caught:
+        chat_request(_chat(tools=[WEATHER], **fields), CALLER)
+    assert caught.value.detail.param == param

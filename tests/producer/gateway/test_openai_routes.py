@@ -66,14 +66,21 @@ def test_chat_logprobs_come_back_per_token(gateway: RunningGateway) -> None:
 @pytest.mark.parametrize(
     ("change", "param", "says"),
     [
-        ({"n": 2}, "n", "only n=1"),
+        ({"n": 17}, "n", "from 1 to 16"),
         ({"temperature": -1}, "temperature", "greater than or equal to 0"),
         ({"stop": ["x"] * 17}, "stop", "at most 16"),
         ({"bogus": 1}, "bogus", "unknown field 'bogus'"),
         ({"messages": []}, "messages", "at least 1"),
         ({"priority": "urgent"}, "priority", "unknown priority 'urgent'"),
         ({"deadline": -5}, "deadline", "above 0"),
-        ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
+        ({"logit_bias": {"5": 101}}, "logit_bias.5", "less than or equal to 100"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}},
+            "response_format.json_schema.schema",
+            "'not' (at #) is not supported",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "'required' needs tools"),
     ],
 )
 def test_bad_input_answers_400_naming_the_field(

@@ -1,0 +1,62 @@
+"""The sampling fields every surface shares: bounds named, schemas checked up front."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from producer.requests import build_request
+from shared.errors import InvalidRequest
+from shared.models import GenerationRequest, SamplingParams
+from shared.settings import Settings
+
+
+def test_the_python_client_takes_guided_and_penalty_fields() -> None:
+    request = build_request(
+        Settings(),
+        "hi",
+        guided_json={"type": "object"},
+        logit_bias={"5": -100},
+        presence_penalty=1.5,
+        frequency_penalty=-0.5,
+    )
+    s = request.sampling
+    assert (s.guided_json, s.logit_bias, s.presence_penalty, s.frequency_penalty) == (
+        {"type": "object"},
+        {5: -100.0},
+        1.5,
+        -0.5,
+    )
+    # The payload read back from Redis is the same request.
+    assert GenerationRequest.model_validate_json(request.model_dump_json()) == request
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"presence_penalty": -2.1}, "sampling.presence_penalty"),
+        ({"frequency_penalty": 9}, "sampling.frequency_penalty"),
+        ({"logit_bias": {"3": -101}}, "sampling.logit_bias.3"),
+        ({"guided_regex": "a", "guided_json": {}}, "at most one of guided_json and guided_regex"),
+        ({"guided_json": {"properties": {"x": {"uniqueItems": True}}}}, "'uniqueItems'"),
+    ],
+)
+def test_bad_values_name_the_field(fields: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidRequest, match="invalid request") as caught:
+        build_request(Settings(), "hi", **fields)
+    assert says in str(caught.value)
+
+
+def test_a_property_named_like_a_keyword_is_fine() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"not": {"type": "string"}, "if": {"type": "integer"}},
+    }
+    assert SamplingParams(guided_json=schema).guided_json == schema
+
+
+def test_remote_refs_are_refused() -> None:
+    with pytest.raises(ValidationError, match="only local refs"):
+        SamplingParams(guided_json={"$ref": "https://example.com/s.json"})
