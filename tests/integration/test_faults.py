@@ -52,12 +52,31 @@ def held_by(
     client: Client, handles: list[Handle], proc: subprocess.Popen[bytes], min_tokens: int
 ) -> bool:
     """Whether the worker process holds a request that is part-way through."""
+    return bool(_progress_on(handles, proc, min_tokens))
+
+
+def _progress_on(
+    handles: list[Handle], proc: subprocess.Popen[bytes], min_tokens: int
+) -> dict[str, int]:
+    """Tokens so far of each request the worker process holds with ``min_tokens`` or more."""
+    found = {}
     for h in handles:
         s = h.status()
         mine = s.worker is not None and f"-{proc.pid}-" in s.worker
         if s.state is RequestState.RUNNING and mine and s.num_generated >= min_tokens:
-            return True
-    return False
+            found[h.id] = s.num_generated
+    return found
+
+
+def streaming_on(handles: list[Handle], proc: subprocess.Popen[bytes], min_tokens: int) -> bool:
+    """Whether the worker process is streaming a request part-way through: it holds one
+    with ``min_tokens`` or more and has itself published more of it since."""
+    before = _progress_on(handles, proc, min_tokens)
+    if not before:
+        return False
+    time.sleep(0.3)
+    after = _progress_on(handles, proc, min_tokens)
+    return any(after.get(rid, 0) > n for rid, n in before.items())
 
 
 def check_streams(connection: redis.Redis, handles: list[Handle], expected: list[list[int]]) -> int:
@@ -92,7 +111,9 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
     seqs = ("--max-num-seqs", "8")
     victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
     for _ in range(2):
-        wait_until(partial(held_by, client, handles, victim, 4), 240, "a request mid-stream")
+        # Killed while it streams, so each stall measured is one worker's death (a worker
+        # killed right after claiming a reclaimed request would make it two).
+        wait_until(partial(streaming_on, handles, victim, 4), 240, "a request mid-stream")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
         victim = start_worker(*seqs, env=FAULT_ENV)
