@@ -53,12 +53,12 @@ def build_engine(opts: WorkerOptions) -> Engine | SimEngine:
     from worker.engine import Engine, EngineConfig  # torch loads here, not for sim workers
 
     config = EngineConfig(
-        model=str(resolve_model(opts.model)), device=opts.device, dtype=opts.dtype
+        model=str(resolve_model(opts.model)),
+        device=opts.device,
+        dtype=opts.dtype,
+        max_num_seqs=EngineConfig.max_num_seqs if opts.max_num_seqs is None else opts.max_num_seqs,
+        kv_cache_mib=opts.kv_cache_mib,
     )
-    if opts.max_num_seqs is not None:
-        config.max_num_seqs = opts.max_num_seqs
-    if opts.kv_cache_mib is not None:
-        config.kv_cache_mib = opts.kv_cache_mib
     return Engine(config)
 
 
