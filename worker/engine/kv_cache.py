@@ -53,7 +53,7 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         """The share of the pool that running sequences hold, 0..1."""
-        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+        return (self.num_blocks - self.num_free_blocks) / self.num_blocks
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks that hold ``seq``'s first tokens, in order. One token is
