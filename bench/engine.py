@@ -188,10 +188,12 @@ def report_engine(engine: Engine, items: list[Item]) -> float:
         f"max_num_seqs {config.max_num_seqs}, {config.max_num_batched_tokens} tokens/step, "
         f"{engine.scheduler.num_preemptions - before} preemptions)"
     )
+    largest = max(len(it.prompt_ids) + it.max_tokens for it in items)
     print(
-        f"  peak RSS {rss_mib:.0f} MiB; KV cache budget {engine.kv_cache_budget_bytes >> 20} MiB "
-        f"({engine.kv_cache.num_blocks} blocks of {engine.kv_cache.block_size} tokens), "
-        f"tensors allocated {engine.runner.kv_cache_bytes >> 20} MiB"
+        f"  peak RSS {rss_mib:.0f} MiB; KV cache pool {engine.kv_cache_budget_bytes >> 20} MiB "
+        f"({engine.kv_cache.num_blocks} blocks of {engine.kv_cache.block_size} tokens, "
+        f"allocated once); largest context served {largest} tokens, "
+        f"the most one request may hold {engine.max_model_len}"
     )
     if engine.runner.device.type == "cuda":
         peak_mib = torch.cuda.max_memory_allocated(engine.runner.device) >> 20
@@ -241,6 +243,7 @@ def main() -> None:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.threads,
+            kv_cache_mib=args.kv_cache_mib,
         )
     )
     items = load(Path(args.workload), engine)
@@ -274,6 +277,7 @@ def parse_args() -> argparse.Namespace:
         "--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens
     )
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kv-cache-mib", type=int, default=None, help="default: share of free")
     parser.add_argument("--overload", type=float, default=2.0, help="arrival over drain rate")
     parser.add_argument("--skip-priority", action="store_true")
     parser.add_argument("--skip-peers", action="store_true")

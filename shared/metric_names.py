@@ -14,3 +14,5 @@ GENERATION_TOKENS = "tokenq:generation_tokens"
 REQUEST_SUCCESS = "tokenq:request_success"
 PREEMPTIONS = "tokenq:num_preemptions"
 KV_CACHE_USAGE = "tokenq:kv_cache_usage_perc"
+PREFIX_CACHE_QUERIES = "tokenq:prefix_cache_queries"  # prompt tokens looked up in the cache
+PREFIX_CACHE_HITS = "tokenq:prefix_cache_hits"  # of those, tokens found cached

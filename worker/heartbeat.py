@@ -108,6 +108,9 @@ class Heartbeat(threading.Thread):
             "running": len(self.service.held),
             "tokens_per_s": round(rate, 1),
             "kv_cache_usage": round(stats.get("kv_cache_usage", 0.0), 3),
+            "prefix_cache_hit_rate": round(
+                stats.get("prefix_cache_hits", 0) / max(stats.get("prefix_cache_queries", 0), 1), 3
+            ),
             "state": "draining" if self.service.stopping.is_set() else "serving",
         }
 

@@ -34,6 +34,12 @@ class WorkerMetrics:
         )
         self.kv_usage = Gauge(names.KV_CACHE_USAGE, "KV cache in use, 0..1", by_model, registry=r)
         self.preemptions = Counter(names.PREEMPTIONS, "Preempted sequences", by_model, registry=r)
+        self.prefix_queries = Counter(
+            names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up", by_model, registry=r
+        )
+        self.prefix_hits = Counter(
+            names.PREFIX_CACHE_HITS, "Prompt tokens found cached", by_model, registry=r
+        )
         self.prompt_tokens = Counter(names.PROMPT_TOKENS, "Prompt tokens", by_model, registry=r)
         self.generation_tokens = Counter(
             names.GENERATION_TOKENS, "Tokens generated", by_model, registry=r
@@ -65,7 +71,7 @@ class WorkerMetrics:
             buckets=ITL_BUCKETS,
             registry=r,
         )
-        self._preemptions_seen = 0
+        self._seen: dict[str, int] = {}
 
     def on_tokens(self, num_tokens: int, gap_s: float | None) -> None:
         self.generation_tokens.labels(self.model).inc(num_tokens)
@@ -88,9 +94,18 @@ class WorkerMetrics:
         self.running.labels(self.model).set(stats.get("running", 0))
         self.waiting.labels(self.model).set(stats.get("waiting", 0))
         self.kv_usage.labels(self.model).set(stats.get("kv_cache_usage", 0))
-        preemptions = int(stats.get("preemptions", 0))
-        self.preemptions.labels(self.model).inc(max(0, preemptions - self._preemptions_seen))
-        self._preemptions_seen = max(preemptions, self._preemptions_seen)
+        for counter, name in (
+            (self.preemptions, "preemptions"),
+            (self.prefix_queries, "prefix_cache_queries"),
+            (self.prefix_hits, "prefix_cache_hits"),
+        ):
+            self._advance(counter, name, int(stats.get(name, 0)))
+
+    def _advance(self, counter: Counter, name: str, total: int) -> None:
+        """Counters follow the engine's running totals."""
+        seen = self._seen.get(name, 0)
+        counter.labels(self.model).inc(max(0, total - seen))
+        self._seen[name] = max(total, seen)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -41,3 +41,12 @@ def test_metrics_health_and_readiness_endpoints() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_engine_totals_become_counters_that_only_grow() -> None:
+    metrics = WorkerMetrics("m")
+    metrics.on_engine_stats({"prefix_cache_queries": 100, "prefix_cache_hits": 60})
+    metrics.on_engine_stats({"prefix_cache_queries": 180, "prefix_cache_hits": 64})
+    body = metrics.render().decode()
+    assert 'tokenq:prefix_cache_queries_total{model="m"} 180.0' in body
+    assert 'tokenq:prefix_cache_hits_total{model="m"} 64.0' in body

@@ -3,12 +3,15 @@
 A step flattens every scheduled token into one sequence (batch 1) with explicit
 position ids, so the linear layers see one dense matrix. transformers calls
 :func:`tokenq_attention` in each layer with a :class:`StepBatch` passed through
-the forward kwargs; it writes the new keys and values into the cache, then runs
-single-token (decode) rows as one padded SDPA over their slots' rows of the cache
-and each multi-token (prefill) chunk as its own causal SDPA.
+the forward kwargs; it writes the new keys and values into the paged cache, then
+runs single-token (decode) rows as one padded SDPA over their contexts, gathered
+from their blocks, and each multi-token (prefill) chunk as its own causal SDPA.
 
-The cache keeps one row per slot, ``[slots, kv_heads, capacity, head_dim]``, so a
-decode batch reads a strided view of it with no gather.
+Gathering into SDPA was chosen by measurement on the CPU: it costs one copy of the
+context per layer, small beside the step's linear layers, and SDPA's own kernels
+(flash on CUDA and on the CPU) do the rest. Every index it needs is a tensor built
+once per step (slot mapping, per-row context slots), so a later CUDA-graph decode
+can keep them in static buffers.
 """
 
 from __future__ import annotations
@@ -25,22 +28,34 @@ ATTN_IMPLEMENTATION = "tokenq"
 
 @dataclass
 class PrefillChunk:
+    """A multi-token chunk of one sequence: tokens ``token_start:token_end`` of the
+    step, at positions from ``start_pos``. Past the start of its sequence it reads
+    its context from the cache (``context_slots``, with ``mask`` for causality);
+    at the start, only its own new keys and values."""
+
     token_start: int
     token_end: int
-    slot: int
     start_pos: int
+    context_slots: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 @dataclass
 class StepBatch:
-    """Where this step's tokens go in the cache and what each may attend to."""
+    """Where this step's tokens go in the cache and what each may attend to.
+
+    The caches are one pool per layer, ``[slots, kv_heads, head_dim]``, a slot per
+    token (block ``b`` holds slots ``b * block_size`` on). ``slot_mapping`` is
+    where each new token's key and value go. Decode rows read their context through
+    ``decode_slots`` (``[rows, context]``, padded with an always-zero slot) under
+    ``decode_mask``.
+    """
 
     key_cache: list[torch.Tensor]
     value_cache: list[torch.Tensor]
-    write_slots: torch.Tensor
-    write_positions: torch.Tensor
+    slot_mapping: torch.Tensor
     decode_token_index: torch.Tensor
-    decode_slots: torch.Tensor
+    decode_slots: torch.Tensor | None
     decode_mask: torch.Tensor | None
     prefills: list[PrefillChunk]
 
@@ -80,17 +95,18 @@ def attend(
     scaling: float | None,
 ) -> torch.Tensor:
     """Token-major attention: ``q`` is ``[tokens, heads, dim]``, ``k`` and ``v``
-    ``[tokens, kv_heads, dim]``; writes ``k`` and ``v`` to the cache first."""
+    ``[tokens, kv_heads, dim]``; writes ``k`` and ``v`` to the cache first, so that
+    a chunk reading a block another row of this step writes sees its new contents."""
     k_cache, v_cache = batch.key_cache[layer], batch.value_cache[layer]
-    k_cache[batch.write_slots, :, batch.write_positions] = k
-    v_cache[batch.write_slots, :, batch.write_positions] = v
+    k_cache.index_copy_(0, batch.slot_mapping, k)
+    v_cache.index_copy_(0, batch.slot_mapping, v)
     out = torch.empty_like(q)
-    if batch.decode_mask is not None:
-        out[batch.decode_token_index] = _decode(
-            q, k_cache, v_cache, batch, batch.decode_mask, scaling
-        )
+    if batch.decode_slots is not None:
+        out[batch.decode_token_index] = _decode(q, k_cache, v_cache, batch, scaling)
     for chunk in batch.prefills:
-        out[chunk.token_start : chunk.token_end] = _prefill(q, k_cache, v_cache, chunk, scaling)
+        out[chunk.token_start : chunk.token_end] = _prefill(
+            q, k, v, k_cache, v_cache, chunk, scaling
+        )
     return out
 
 
@@ -99,49 +115,54 @@ def _decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     batch: StepBatch,
-    mask: torch.Tensor,
     scaling: float | None,
 ) -> torch.Tensor:
-    """Decode rows: one query per sequence against its row of the cache.
+    """Decode rows: one query per sequence against its context, gathered from its
+    blocks into one padded SDPA.
 
     Query heads sharing a KV head become that head's query rows, so grouped-query
     attention needs no repeated keys.
     """
-    num_rows, context_len = mask.shape[0], mask.shape[-1]
-    num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
-    rows = q.new_zeros(num_rows, q.shape[1], head_dim)
-    rows[batch.decode_slots] = q[batch.decode_token_index]
-    rows = rows.view(num_rows, num_kv_heads, -1, head_dim)
-    keys = k_cache[:num_rows, :, :context_len]
-    values = v_cache[:num_rows, :, :context_len]
+    if batch.decode_slots is None:
+        raise RuntimeError("a decode step needs its context slots")
+    num_rows, context_len = batch.decode_slots.shape
+    num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    rows = q[batch.decode_token_index].view(num_rows, num_kv_heads, -1, head_dim)
+    slots = batch.decode_slots.view(-1)
+    keys = k_cache.index_select(0, slots).view(num_rows, context_len, num_kv_heads, head_dim)
+    values = v_cache.index_select(0, slots).view(num_rows, context_len, num_kv_heads, head_dim)
     attn = functional.scaled_dot_product_attention(
-        rows, keys, values, attn_mask=mask, scale=scaling
+        rows,
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=batch.decode_mask,
+        scale=scaling,
     )
-    return attn.reshape(num_rows, -1, head_dim)[batch.decode_slots]
+    return attn.reshape(num_rows, -1, head_dim)
 
 
 def _prefill(
     q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     chunk: PrefillChunk,
     scaling: float | None,
 ) -> torch.Tensor:
-    num_tokens = chunk.token_end - chunk.token_start
-    context_len = chunk.start_pos + num_tokens
     query = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
-    keys = k_cache[chunk.slot : chunk.slot + 1, :, :context_len]
-    values = v_cache[chunk.slot : chunk.slot + 1, :, :context_len]
-    mask = None
-    if chunk.start_pos:
-        positions = torch.arange(context_len, device=q.device)
-        mask = positions[None, :] <= positions[chunk.start_pos :, None]
+    if chunk.context_slots is None:
+        keys = k[chunk.token_start : chunk.token_end]
+        values = v[chunk.token_start : chunk.token_end]
+    else:
+        keys = k_cache.index_select(0, chunk.context_slots)
+        values = v_cache.index_select(0, chunk.context_slots)
     attn = functional.scaled_dot_product_attention(
         query,
-        keys,
-        values,
-        attn_mask=mask,
-        is_causal=mask is None,
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        attn_mask=chunk.mask,
+        is_causal=chunk.mask is None,
         scale=scaling,
         enable_gqa=True,
     )

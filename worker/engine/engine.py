@@ -44,7 +44,10 @@ class Engine:
         self.runner = ModelRunner(config, _resolve(config.model))
         self.tokenizer = self.runner.tokenizer
         num_blocks = self._num_kv_blocks()
-        self.kv_cache = KVCacheManager(num_blocks, config.kv_block_size, config.max_num_seqs)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.kv_cache = KVCacheManager(
+            num_blocks, config.kv_block_size, config.enable_prefix_caching
+        )
         self.max_model_len = min(self.runner.max_model_len, self.kv_cache.max_num_tokens_per_seq)
         self.scheduler = Scheduler(
             self.kv_cache,
@@ -52,7 +55,6 @@ class Engine:
             config.max_num_batched_tokens,
             config.prefill_chunk_tokens,
             config.aging_interval_s if config.enable_aging else None,
-            min_prefix_reuse_tokens=config.min_prefix_reuse_tokens,
             ttft_priority=config.ttft_priority,
         )
         self._seq_numbers = itertools.count()
@@ -121,12 +123,13 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         """Figures for the worker's metrics and registry entry."""
-        kv = self.kv_cache
         return {
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
-            "kv_cache_usage": 1 - kv.num_free_blocks / max(kv.num_blocks, 1),
+            "kv_cache_usage": self.kv_cache.usage,
             "preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": self.kv_cache.num_queried_tokens,
+            "prefix_cache_hits": self.kv_cache.num_hit_tokens,
         }
 
     def generate(self, requests: list[EngineRequest]) -> dict[str, list[RequestOutput]]:
@@ -145,11 +148,13 @@ class Engine:
         if req.request_id in self._text:
             raise ValueError(f"request {req.request_id} is already in the engine")
         num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
-        if num_tokens >= self.max_model_len:
+        num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
+        limit, what = self._context_limit()
+        if num_tokens >= self.max_model_len or num_needed > self.max_model_len:
             raise ValueError(
-                f"request {req.request_id}: {num_tokens} prompt tokens leave no room to "
-                f"generate within this engine's context of {self.max_model_len} tokens; "
-                "shorten the prompt"
+                f"request {req.request_id}: {len(req.prompt_token_ids)} prompt tokens and "
+                f"max_tokens {req.sampling.max_tokens} need {num_needed} tokens of context, "
+                f"over the {limit} that {what}; shorten the prompt or lower max_tokens"
             )
         too_big = [t for t in req.sampling.logit_bias if t >= self.vocab_size]
         if too_big:
@@ -157,6 +162,14 @@ class Engine:
                 f"request {req.request_id}: logit_bias token id {too_big[0]} is not in this "
                 f"model's vocabulary of {self.vocab_size} tokens"
             )
+
+    def _context_limit(self) -> tuple[int, str]:
+        """The tokens one request may hold, and what sets that limit."""
+        pool_tokens = self.kv_cache.max_num_tokens_per_seq
+        if pool_tokens < self.runner.max_model_len:
+            mib = self.kv_cache_budget_bytes >> 20
+            return pool_tokens, f"this worker's KV cache holds ({mib} MiB; see --kv-cache-mib)"
+        return self.runner.max_model_len, "the model takes (its max_model_len)"
 
     def _finish_cancelled(self) -> list[RequestOutput]:
         now = time.time()

@@ -1,80 +1,155 @@
-"""KV cache accounting: blocks of tokens out of a fixed budget, plus batch slots.
+"""The paged KV cache's block manager: which sequence holds which blocks. Pure Python.
 
-Pure Python. The model runner keeps the tensors; this decides who may have them.
-Each running sequence holds one slot (its row in the runner's cache) and enough
-blocks for the tokens it has computed or is about to compute.
+The model runner keeps one pool of ``num_blocks`` fixed-size blocks per layer,
+allocated once; this decides who may use them. Each sequence holds a block table,
+the pool blocks its tokens' keys and values live in, in order.
+
+Automatic prefix caching: a full block, once computed, is known by a digest of its
+tokens and of every token before it (the digest of the block before it), so a new
+request that starts with the same tokens takes those blocks instead of computing
+them again. A block is shared by reference count and never written while shared:
+only full blocks are shared, and a sequence writes only past its computed tokens,
+into blocks of its own. A freed block keeps its contents and digest, so that a later
+request still hits it, until the pool needs it back: the least recently freed is
+reused first, and a sequence frees its blocks last-first, so that a prefix's first
+blocks outlive its tail.
 """
 
 from __future__ import annotations
 
-import heapq
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
 
 from worker.engine.request import Sequence
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, num_slots: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.num_slots = num_slots
-        self.num_free_blocks = num_blocks
-        # The lowest free slot goes out first, so that busy rows stay packed at the
-        # front of the runner's cache and a batch reads one short prefix of it.
-        self._free_slots = list(range(num_slots))
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self._block_hashes: list[bytes | None] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}
+        # Free blocks, next to reuse first: blocks with no cached contents at the
+        # front, then cached ones from least to most recently freed.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
 
     @property
-    def num_free_slots(self) -> int:
-        return len(self._free_slots)
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence holds, cached contents or not."""
+        return len(self._free)
 
     @property
     def max_num_tokens_per_seq(self) -> int:
         return self.num_blocks * self.block_size
 
-    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        num_tokens = seq.num_computed_tokens + num_new_tokens
-        return max(0, -(-num_tokens // self.block_size) - seq.num_blocks)
-
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        if seq.slot is None and not self._free_slots:
-            return False
-        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
-
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> int | None:
-        """Reserve room for ``num_new_tokens`` more tokens of ``seq``.
-
-        Returns the sequence's slot, or ``None`` when it does not fit (the caller
-        picks what to preempt).
-        """
-        if not self.can_allocate(seq, num_new_tokens):
-            return None
-        num_new_blocks = self.num_blocks_needed(seq, num_new_tokens)
-        self.num_free_blocks -= num_new_blocks
-        seq.num_blocks += num_new_blocks
-        if seq.slot is None:
-            seq.slot = heapq.heappop(self._free_slots)
-        return seq.slot
-
-    def compact(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, int]]:
-        """Move the sequences in the highest slots down into free lower ones, so that
-        the busy rows stay packed at the front however requests finish; a decode step
-        then reads only as many rows as it has requests. Returns each moved sequence
-        with the slot it left and the one it took (its keys and values must follow)."""
-        moves: list[tuple[Sequence, int, int]] = []
-        for seq in sorted(seqs, key=lambda s: -1 if s.slot is None else s.slot, reverse=True):
-            if seq.slot is None or not self._free_slots or self._free_slots[0] > seq.slot:
-                break
-            old = seq.slot
-            seq.slot = heapq.heapreplace(self._free_slots, old)
-            moves.append((seq, old, seq.slot))
-        return moves
-
-    def free(self, seq: Sequence) -> None:
-        self.num_free_blocks += seq.num_blocks
-        seq.num_blocks = 0
-        if seq.slot is not None:
-            heapq.heappush(self._free_slots, seq.slot)
-            seq.slot = None
-
     @property
     def usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+        """The share of the pool that running sequences hold, 0..1."""
+        return (self.num_blocks - self.num_free_blocks) / self.num_blocks
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks that hold ``seq``'s first tokens, in order. One token is
+        always left out, so that computing it yields the logits to sample from."""
+        if not self.enable_prefix_caching or seq.block_table:
+            return []
+        blocks: list[int] = []
+        for digest in self._digests(seq, (seq.num_tokens - 1) // self.block_size):
+            block_id = self._cached.get(digest)
+            if block_id is None:
+                break
+            blocks.append(block_id)
+        return blocks
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int, cached: Seq[int] = ()) -> int:
+        """Free blocks it takes for ``seq`` to compute ``num_new_tokens`` more
+        tokens after its computed ones and the ``cached`` prefix it takes."""
+        num_tokens = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        num_fresh = -(-num_tokens // self.block_size) - len(seq.block_table) - len(cached)
+        num_cached_free = sum(1 for block_id in cached if self.ref_counts[block_id] == 0)
+        return max(0, num_fresh) + num_cached_free
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: Seq[int] = ()) -> bool:
+        return self.num_blocks_needed(seq, num_new_tokens, cached) <= self.num_free_blocks
+
+    def allocate(
+        self, seq: Sequence, num_new_tokens: int, cached: Seq[int] = ()
+    ) -> list[int] | None:
+        """Extend ``seq``'s block table to hold ``num_new_tokens`` more tokens, taking
+        the ``cached`` prefix first (from :meth:`cached_prefix`, for a sequence that
+        holds nothing yet; the caller counts those tokens as computed).
+
+        Returns the block table, or ``None`` when it does not fit (the caller picks
+        what to preempt).
+        """
+        if not self.can_allocate(seq, num_new_tokens, cached):
+            return None
+        if not seq.block_table and self.enable_prefix_caching:
+            self.num_queried_tokens += seq.num_tokens
+            self.num_hit_tokens += len(cached) * self.block_size
+        for block_id in cached:
+            if self.ref_counts[block_id] == 0:
+                del self._free[block_id]
+            self.ref_counts[block_id] += 1
+            seq.block_table.append(block_id)
+        seq.num_cached_blocks = max(seq.num_cached_blocks, len(cached))
+        num_tokens = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        while len(seq.block_table) * self.block_size < num_tokens:
+            seq.block_table.append(self._take_free_block())
+        return seq.block_table
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Make ``seq``'s full, computed blocks findable by later requests."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_cached_blocks:
+            return
+        digests = self._digests(seq, num_full)
+        for index in range(seq.num_cached_blocks, num_full):
+            block_id, digest = seq.block_table[index], digests[index]
+            # The same tokens computed twice (two requests admitted before either
+            # finished the block): the first copy stays the cached one.
+            if digest not in self._cached:
+                self._cached[digest] = block_id
+                self._block_hashes[block_id] = digest
+        seq.num_cached_blocks = num_full
+
+    def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s blocks; cached contents stay findable until reused."""
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self._free[block_id] = None
+                if self._block_hashes[block_id] is None:
+                    self._free.move_to_end(block_id, last=False)
+        seq.block_table.clear()
+        seq.num_cached_blocks = 0
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        digest = self._block_hashes[block_id]
+        if digest is not None:
+            del self._cached[digest]
+            self._block_hashes[block_id] = None
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def _digests(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """The digests of ``seq``'s first ``num_blocks`` blocks, each over the one
+        before it and its own tokens; kept on the sequence, whose tokens only grow."""
+        digests = seq.block_digests
+        size = self.block_size
+        while len(digests) < num_blocks:
+            start = len(digests) * size
+            h = hashlib.blake2b(digests[-1] if digests else b"", digest_size=16)
+            h.update(array("q", seq.token_ids[start : start + size]).tobytes())
+            digests.append(h.digest())
+        return digests[:num_blocks]

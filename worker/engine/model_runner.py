@@ -1,8 +1,8 @@
 """Runs a step on the device: the only part of the engine that holds tensors.
 
-It executes what the scheduler decided, never decides anything itself: builds
-the flattened inputs, runs the model's forward (logits only for the rows that
-sample), and samples.
+It executes what the scheduler decided, never decides anything itself: holds the
+paged KV cache (one pool of blocks per layer, allocated once), builds the flattened
+inputs, runs the model's forward (logits only for the rows that sample), and samples.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from worker.engine.attention import ATTN_IMPLEMENTATION, PrefillChunk, StepBatch
 from worker.engine.config import EngineConfig
 from worker.engine.fused_llama import FusedLlama
-from worker.engine.outputs import KVCopy, RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.sampler import Sampler, SamplingRow, sampling_row
 
 log = logging.getLogger(__name__)
 
-CACHE_GROWTH_TOKENS = 256
 # cuDNN's attention is left out: it builds a plan for each new shape, milliseconds of
 # CPU time, and a step's context lengths are new every step.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -58,11 +57,11 @@ class ModelRunner:
         )
         self.max_model_len: int = config.max_model_len or text_config.max_position_embeddings
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
-        self.num_slots = config.max_num_seqs
         self.sampler = Sampler(self.device)
         self.key_cache: list[torch.Tensor] = []
         self.value_cache: list[torch.Tensor] = []
-        self.cache_capacity = 0
+        self.block_size = config.kv_block_size
+        self.null_slot = 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -71,8 +70,31 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        """Bytes the cache tensors take now (they grow with the longest sequence)."""
+        """Bytes the cache tensors take (on the CPU, pages are committed as blocks
+        are first written)."""
         return sum(t.numel() * t.element_size() for t in (*self.key_cache, *self.value_cache))
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """The pool: ``num_blocks`` blocks per layer, plus one block of zeros that
+        pads decode rows to a common length (never handed out)."""
+        self.null_slot = num_blocks * self.block_size
+        num_slots = self.null_slot + self.block_size
+        self.key_cache = [self._empty_pool(num_slots) for _ in range(self.num_layers)]
+        self.value_cache = [self._empty_pool(num_slots) for _ in range(self.num_layers)]
+        log.info(
+            "KV cache: %d blocks of %d tokens, %d MiB",
+            num_blocks,
+            self.block_size,
+            self.kv_cache_bytes >> 20,
+        )
+
+    def _empty_pool(self, num_slots: int) -> torch.Tensor:
+        # Empty, not zeros: every slot a step reads was written first, but for the
+        # padding block; so on the CPU the pool's pages are committed only when used.
+        shape = (num_slots, self.num_kv_heads, self.head_dim)
+        cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        cache[self.null_slot :].zero_()
+        return cache
 
     def num_free_bytes(self) -> int:
         if self.device.type == "cuda":
@@ -81,8 +103,6 @@ class ModelRunner:
         return _available_host_bytes()
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        self._ensure_capacity(max(s.start_pos + s.num_tokens for s in out.scheduled))
-        self._copy_prefixes(out.kv_copies)
         input_ids, positions, logits_index, batch = self._prepare(out.scheduled)
         with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
             logits = self._forward(input_ids, positions, logits_index, batch)
@@ -112,18 +132,18 @@ class ModelRunner:
     def _prepare(
         self, scheduled: list[ScheduledSeq]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, StepBatch]:
-        inputs = _FlatInputs()
+        inputs = _FlatInputs(self.block_size)
         for item in scheduled:
             inputs.add(item)
+        decode_slots, decode_mask = self._decode_context(inputs.decode_tables, inputs.decode_lens)
         batch = StepBatch(
             key_cache=self.key_cache,
             value_cache=self.value_cache,
-            write_slots=self._tensor(inputs.slots),
-            write_positions=self._tensor(inputs.positions),
+            slot_mapping=self._tensor(inputs.slot_mapping),
             decode_token_index=self._tensor(inputs.decode_index),
-            decode_slots=self._tensor(inputs.decode_slots),
-            decode_mask=self._decode_mask(inputs.decode_slots, inputs.decode_lens),
-            prefills=inputs.prefills,
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            prefills=[self._prefill_chunk(*chunk) for chunk in inputs.prefills],
         )
         return (
             self._tensor(inputs.token_ids),
@@ -132,83 +152,79 @@ class ModelRunner:
             batch,
         )
 
-    def _decode_mask(self, slots: list[int], lens: list[int]) -> torch.Tensor | None:
-        """``[rows, 1, 1, context]``: each decode row sees its own context; rows of
-        slots not decoding this step see one position, so that no row is all masked."""
-        if not slots:
-            return None
-        row_lens = [1] * (max(slots) + 1)
-        for slot, length in zip(slots, lens, strict=True):
-            row_lens[slot] = length
-        positions = torch.arange(max(lens), device=self.device)
-        mask = positions[None, :] < self._tensor(row_lens)[:, None]
+    def _block_slots(self, block_tables: list[list[int]], context_len: int) -> torch.Tensor:
+        """``[rows, context_len]``: the pool slot of each position of each table."""
+        num_blocks = -(-context_len // self.block_size)
+        null_block = self.null_slot // self.block_size
+        padded = [[*t[:num_blocks], *[null_block] * (num_blocks - len(t))] for t in block_tables]
+        offsets = torch.arange(self.block_size, device=self.device)
+        slots = self._tensor(padded)[:, :, None] * self.block_size + offsets
+        return slots.view(len(block_tables), -1)[:, :context_len]
+
+    def _decode_context(
+        self, block_tables: list[list[int]], context_lens: list[int]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Each decode row's context slots, padded with the zero slot, and the mask
+        ``[rows, 1, 1, context]`` that hides the padding."""
+        if not block_tables:
+            return None, None
+        slots = self._block_slots(block_tables, max(context_lens))
+        positions = torch.arange(slots.shape[1], device=self.device)
+        valid = positions[None, :] < self._tensor(context_lens)[:, None]
+        slots = slots.masked_fill(~valid, self.null_slot)
         if self.device.type == "cuda":
             # An additive mask, made once for every layer: with a boolean one each
             # layer's kernel converts it again.
-            bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
-            return bias.masked_fill_(~mask, float("-inf"))[:, None, None, :]
-        return mask[:, None, None, :]
+            bias = torch.zeros(valid.shape, dtype=self.dtype, device=self.device)
+            return slots, bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]
+        return slots, valid[:, None, None, :]
+
+    def _prefill_chunk(
+        self, token_start: int, token_end: int, start_pos: int, block_table: list[int]
+    ) -> PrefillChunk:
+        if start_pos == 0:
+            return PrefillChunk(token_start, token_end, start_pos)
+        context_len = start_pos + token_end - token_start
+        slots = self._block_slots([block_table], context_len)[0]
+        positions = torch.arange(context_len, device=self.device)
+        mask = positions[None, :] <= positions[start_pos:, None]
+        return PrefillChunk(token_start, token_end, start_pos, slots, mask)
 
     def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:
         return sampling_row(item.seq, self.eos_token_ids)
 
-    def _copy_prefixes(self, copies: list[KVCopy]) -> None:
-        for copy in copies:
-            for cache in (*self.key_cache, *self.value_cache):
-                cache[copy.dst_slot, :, : copy.num_tokens] = cache[
-                    copy.src_slot, :, : copy.num_tokens
-                ]
-
-    def _ensure_capacity(self, num_tokens: int) -> None:
-        if num_tokens <= self.cache_capacity:
-            return
-        capacity = max(num_tokens, 2 * self.cache_capacity, CACHE_GROWTH_TOKENS)
-        capacity = min(
-            -(-capacity // CACHE_GROWTH_TOKENS) * CACHE_GROWTH_TOKENS, self.max_model_len
-        )
-        shape = (self.num_slots, self.num_kv_heads, capacity, self.head_dim)
-        self.key_cache = self._grow(self.key_cache, shape)
-        self.value_cache = self._grow(self.value_cache, shape)
-        self.cache_capacity = capacity
-        log.info("KV cache rows grown to %d tokens (%d MiB)", capacity, self.kv_cache_bytes >> 20)
-
-    def _grow(self, old: list[torch.Tensor], shape: tuple[int, ...]) -> list[torch.Tensor]:
-        """Per-layer tensors of ``shape``, keeping what ``old`` held."""
-        layers = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
-        ]
-        for new, held in zip(layers, old, strict=False):
-            new[:, :, : held.shape[2]] = held
-        return layers
-
-    def _tensor(self, values: list[int]) -> torch.Tensor:
+    def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
 
 class _FlatInputs:
-    """All scheduled tokens of a step laid end to end."""
+    """All scheduled tokens of a step laid end to end, with where each goes in the
+    cache; decode rows and prefill chunks apart."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
         self.token_ids: list[int] = []
         self.positions: list[int] = []
-        self.slots: list[int] = []
+        self.slot_mapping: list[int] = []
         self.decode_index: list[int] = []
-        self.decode_slots: list[int] = []
+        self.decode_tables: list[list[int]] = []
         self.decode_lens: list[int] = []
-        self.prefills: list[PrefillChunk] = []
+        self.prefills: list[tuple[int, int, int, list[int]]] = []
         self.sample_index: list[int] = []
 
     def add(self, item: ScheduledSeq) -> None:
         start, end = len(self.token_ids), len(self.token_ids) + item.num_tokens
+        positions = range(item.start_pos, item.start_pos + item.num_tokens)
+        table, size = item.block_table, self.block_size
         self.token_ids.extend(item.token_ids)
-        self.positions.extend(range(item.start_pos, item.start_pos + item.num_tokens))
-        self.slots.extend([item.slot] * item.num_tokens)
+        self.positions.extend(positions)
+        self.slot_mapping.extend(table[pos // size] * size + pos % size for pos in positions)
         if item.num_tokens == 1:
             self.decode_index.append(start)
-            self.decode_slots.append(item.slot)
+            self.decode_tables.append(table)
             self.decode_lens.append(item.start_pos + 1)
         else:
-            self.prefills.append(PrefillChunk(start, end, item.slot, item.start_pos))
+            self.prefills.append((start, end, item.start_pos, table))
         if item.sample:
             self.sample_index.append(end - 1)
 

@@ -27,27 +27,14 @@ class ScheduledSeq:
         return self.seq.token_ids[self.start_pos : self.start_pos + self.num_tokens]
 
     @property
-    def slot(self) -> int:
-        if self.seq.slot is None:
-            raise RuntimeError(f"request {self.seq.request_id} is scheduled without a slot")
-        return self.seq.slot
-
-
-@dataclass
-class KVCopy:
-    """Copy the first ``num_tokens`` cached tokens of one slot to another before the
-    step runs: a shared prompt prefix that need not be computed again."""
-
-    src_slot: int
-    dst_slot: int
-    num_tokens: int
+    def block_table(self) -> list[int]:
+        return self.seq.block_table
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    kv_copies: list[KVCopy] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:

@@ -41,7 +41,11 @@ class SeqStatus(enum.Enum):
 
 @dataclass(eq=False)
 class Sequence:
-    """Scheduler state of one request: its tokens, how many have KV, where they live."""
+    """Scheduler state of one request: its tokens, how many have KV, where they live.
+
+    ``block_table`` lists the KV cache blocks that hold its tokens, in order; the
+    first ``num_cached_blocks`` of them are full and findable by later requests.
+    """
 
     request: EngineRequest
     seq_no: int
@@ -49,8 +53,9 @@ class Sequence:
     num_prompt_tokens: int
     num_computed_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
-    slot: int | None = None
-    num_blocks: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    block_digests: list[bytes] = field(default_factory=list, repr=False)
     boost: int = 0
     finish_reason: FinishReason | None = None
 

@@ -2,14 +2,14 @@
 
 Each step spends a token budget: running requests first, in priority order (one
 token each while decoding, a chunk while prefilling), then waiting requests in
-priority order while slots, budget and KV blocks last. When the KV cache cannot
-hold a running request's next tokens, the least urgent running request (by
-``Sequence.__lt__``) is preempted: its cache is freed and it is recomputed later
-from its tokens, so it resumes without losing or repeating one. A waiting request
-more urgent than the least urgent running one preempts it when the batch is full.
-After each step is planned, running requests in the highest slots move into the
-holes that finished ones left (their cached keys and values copied first), so a
-decode step reads as many cache rows as it has requests.
+priority order while the batch, the budget and the KV cache's blocks last. A
+waiting request starts after the longest prefix of it that the KV cache already
+holds (prefix caching). When the KV cache cannot hold a running request's next
+tokens, the least urgent running request (by ``Sequence.__lt__``) is preempted: its
+blocks are freed and it is recomputed later from its tokens (mostly from the cache,
+where its blocks were not reused meanwhile), so it resumes without losing or
+repeating one. A waiting request more urgent than the least urgent running one
+preempts it when the batch is full.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from shared.models import FinishReason
 from shared.priority import MAX_PRIORITY
 from worker.engine.kv_cache import KVCacheManager
-from worker.engine.outputs import KVCopy, RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.request import SeqStatus, Sequence
 
 
@@ -33,16 +33,14 @@ class Scheduler:
         prefill_chunk_tokens: int | None = None,
         aging_interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        min_prefix_reuse_tokens: int | None = 8,
         ttft_priority: int | None = None,
     ) -> None:
         self.kv_cache = kv_cache
-        self.max_num_seqs = min(max_num_seqs, kv_cache.num_slots)
+        self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.aging_interval_s = aging_interval_s
         self.clock = clock
-        self.min_prefix_reuse_tokens = min_prefix_reuse_tokens
         self.ttft_priority = ttft_priority
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -72,18 +70,9 @@ class Scheduler:
             # their first token does not wait for a whole batch of decodes.
             self._schedule_waiting(out, self.max_num_batched_tokens, self.ttft_priority)
             if out.scheduled:
-                return self._compact(out)
+                return out
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         self._schedule_waiting(out, budget)
-        return self._compact(out)
-
-    def _compact(self, out: SchedulerOutput) -> SchedulerOutput:
-        """Packs the running requests into the lowest slots (see
-        ``KVCacheManager.compact``); each move copies the keys and values computed so
-        far, after any prefix copy of this step that reads the old slot."""
-        for seq, old_slot, new_slot in self.kv_cache.compact(self.running):
-            if seq.num_computed_tokens:
-                out.kv_copies.append(KVCopy(old_slot, new_slot, seq.num_computed_tokens))
         return out
 
     def _urgent_waiting(self) -> bool:
@@ -95,9 +84,11 @@ class Scheduler:
         )
 
     def update_from_output(self, out: SchedulerOutput, runner_out: RunnerOutput) -> None:
-        """Advance the computed counts and append each sampled token."""
+        """Advance the computed counts, cache the blocks that became full, and append
+        each sampled token."""
         for item in out.scheduled:
             item.seq.num_computed_tokens = item.start_pos + item.num_tokens
+            self.kv_cache.cache_full_blocks(item.seq)
         for item, token_id in zip(out.sampled, runner_out.token_ids, strict=True):
             item.seq.token_ids.append(token_id)
 
@@ -143,52 +134,35 @@ class Scheduler:
     ) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self._fits_whole(seq) or seq.priority < (min_priority or 0):
+            if seq.priority < (min_priority or 0):
+                return
+            cached = self.kv_cache.cached_prefix(seq)
+            if not self._fits_whole(seq, cached):
                 return
             self.waiting.pop(0)
             self._waiting_since.pop(seq.seq_no, None)
-            budget -= self._admit(seq, budget, out)
+            budget -= self._admit(seq, cached, budget, out)
 
-    def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> int:
-        source = self._find_shared_prefix(seq)
-        if source is not None:
-            seq.num_computed_tokens = source[1]
-        num_tokens = self._chunk_size(seq, budget)
-        slot = self.kv_cache.allocate(seq, num_tokens)
-        if slot is None:
+    def _admit(self, seq: Sequence, cached: list[int], budget: int, out: SchedulerOutput) -> int:
+        """Start ``seq`` after its ``cached`` prefix; returns the tokens it computes."""
+        num_cached_tokens = len(cached) * self.kv_cache.block_size
+        num_tokens = self._chunk_size(seq, budget, num_cached_tokens)
+        if self.kv_cache.allocate(seq, num_tokens, cached) is None:
             raise RuntimeError(f"request {seq.request_id} was admitted without room")
-        if source is not None and source[0].slot is not None:
-            out.kv_copies.append(KVCopy(source[0].slot, slot, source[1]))
+        seq.num_computed_tokens = num_cached_tokens
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
         out.scheduled.append(self._item(seq, num_tokens))
         return num_tokens
-
-    def _find_shared_prefix(self, seq: Sequence) -> tuple[Sequence, int] | None:
-        """The running request whose cached tokens share the longest prefix with
-        ``seq`` (a chat template's system prompt, say), and that length: the runner
-        copies those keys and values instead of computing them again. One token is
-        always left to compute, for the logits."""
-        if self.min_prefix_reuse_tokens is None or seq.num_computed_tokens:
-            return None
-        best: tuple[Sequence, int] | None = None
-        limit = seq.num_tokens - 1
-        for src in self.running:
-            num_shared = _common_prefix_len(
-                seq.token_ids, src.token_ids, min(limit, src.num_computed_tokens)
-            )
-            if num_shared >= self.min_prefix_reuse_tokens and (
-                best is None or num_shared > best[1]
-            ):
-                best = (src, num_shared)
-        return best
 
     def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         while self.waiting and self.running:
             head, victim = self.waiting[0], self.running[-1]
             if head.priority <= victim.priority:
                 return
-            if len(self.running) < self.max_num_seqs and self._fits_whole(head):
+            if len(self.running) < self.max_num_seqs and self._fits_whole(
+                head, self.kv_cache.cached_prefix(head)
+            ):
                 return
             self._preempt(victim, out)
 
@@ -206,18 +180,19 @@ class Scheduler:
         self.waiting.append(seq)
         self._waiting_since[seq.seq_no] = self.clock()
 
-    def _fits_whole(self, seq: Sequence) -> bool:
-        """Room for all of a waiting request's tokens and its next one, so that
-        admitting it does not straight away force a preemption."""
-        return self.kv_cache.can_allocate(seq, seq.num_uncomputed_tokens + 1)
+    def _fits_whole(self, seq: Sequence, cached: list[int]) -> bool:
+        """Room for all of a waiting request's tokens past its ``cached`` prefix and
+        its next one, so that admitting it does not straight away force a preemption."""
+        num_new_tokens = seq.num_uncomputed_tokens - len(cached) * self.kv_cache.block_size
+        return self.kv_cache.can_allocate(seq, num_new_tokens + 1, cached)
 
     def _num_fitting_tokens(self, seq: Sequence) -> int:
-        num_blocks = seq.num_blocks + self.kv_cache.num_free_blocks
+        num_blocks = len(seq.block_table) + self.kv_cache.num_free_blocks
         return num_blocks * self.kv_cache.block_size - seq.num_computed_tokens
 
-    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+    def _chunk_size(self, seq: Sequence, budget: int, num_cached_tokens: int = 0) -> int:
         limit = self.prefill_chunk_tokens or budget
-        return min(seq.num_uncomputed_tokens, budget, limit)
+        return min(seq.num_uncomputed_tokens - num_cached_tokens, budget, limit)
 
     @staticmethod
     def _item(seq: Sequence, num_tokens: int) -> ScheduledSeq:
@@ -233,11 +208,3 @@ class Scheduler:
             waited_s = now - self._waiting_since.get(seq.seq_no, now)
             earned = int(waited_s / self.aging_interval_s)
             seq.boost = max(seq.boost, min(earned, MAX_PRIORITY - seq.request.priority))
-
-
-def _common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

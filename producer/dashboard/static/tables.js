@@ -31,7 +31,10 @@ export function renderWorkers(tbody, workers, nowMs, { canAct, onDrain }) {
     const drain = el("button", { class: "act", disabled: !canAct || !w.alive || w.state !== "serving",
       textContent: "Drain", onclick: () => onDrain(w) });
     const batch = w.max_num_seqs ? bar(w.occupancy, `${w.running}/${w.max_num_seqs}`) : "–";
-    const kv = w.kv_cache_usage == null ? "–" : bar(w.kv_cache_usage, percent(w.kv_cache_usage));
+    const kvBar = w.kv_cache_usage == null ? "–" : bar(w.kv_cache_usage, percent(w.kv_cache_usage));
+    const hits = w.prefix_cache_hit_rate == null ? "" : `prefix hits ${percent(w.prefix_cache_hit_rate)}`;
+    const kv = el("span", { title: "KV cache in use; share of prompt tokens found in the prefix cache" },
+      kvBar, hits ? el("small", {}, ` ${hits}`) : "");
     return el("tr", { class: w.alive ? "" : "dead", "data-worker": w.id },
       el("td", { class: "mono", title: w.id }, short(w.id)), el("td", {}, w.model || "–"),
       el("td", {}, w.device || "–"),

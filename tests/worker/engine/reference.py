@@ -1,12 +1,15 @@
-"""Greedy references from transformers' ``generate``, one request at a time (slow)."""
+"""Greedy references from transformers' ``generate``, one request at a time (slow;
+kept in the disk cache of :mod:`tests.reference`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from tests.reference import cached_json
 
 
 @dataclass
@@ -25,8 +28,27 @@ def greedy_references(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> list[Reference]:
+    return cached_json(
+        model_path,
+        {"rows": rows, "device": device, "dtype": str(dtype)},
+        __name__,
+        lambda: _compute(model_path, rows, device, dtype),
+        lambda refs: [asdict(ref) for ref in refs],
+        lambda data: [_decode(item) for item in data],
+    )
+
+
+def _decode(item: dict[str, Any]) -> Reference:
+    top2 = [(int(a), float(b), int(c), float(d)) for a, b, c, d in item["top2"]]
+    return Reference(list(item["prompt_token_ids"]), list(item["token_ids"]), top2)
+
+
+def _compute(
+    model_path: str, rows: list[dict[str, Any]], device: str, dtype: torch.dtype
+) -> list[Reference]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model = model.to(device).eval()
     return [_reference(model, tokenizer, row) for row in rows]
 
 
@@ -35,7 +57,7 @@ def _reference(model: Any, tokenizer: Any, row: dict[str, Any]) -> Reference:
         row["messages"], add_generation_prompt=True, tokenize=True, return_dict=True
     )
     prompt = list(encoded["input_ids"])
-    config = GenerationConfig(
+    config = GenerationConfig(  # type: ignore[no-untyped-call]  # transformers is untyped here
         max_new_tokens=row["max_tokens"],
         do_sample=False,
         eos_token_id=None if row.get("ignore_eos") else model.generation_config.eos_token_id,

@@ -106,7 +106,7 @@ def test_stop_string_spanning_tokens_cuts_the_text(engine: Engine) -> None:
     prompt = chat(engine, "Write a short story about a dragon.")
     free = run_one(engine, make_request(prompt, max_tokens=40, ignore_eos=True))
     text = text_of(free)
-    pieces = [engine.tokenizer.decode([t]) for t in tokens_of(free)]
+    pieces = [str(engine.tokenizer.decode([t])) for t in tokens_of(free)]
     # A stop string made of the end of one token's text and the start of the next.
     k = next(i for i in range(5, len(pieces)) if len(pieces[i]) > 2 and len(pieces[i + 1]) > 2)
     stop = pieces[k][-2:] + pieces[k + 1][:2]
@@ -216,6 +216,21 @@ def test_rejects_a_prompt_that_does_not_fit(engine: Engine) -> None:
         engine.add_request(too_long)
     with pytest.raises(ValueError, match="no tokens"):
         engine.add_request(make_request([]))
+
+
+def test_a_request_the_kv_pool_can_never_hold_is_refused_naming_the_limit(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(kv_cache_mib=4)
+    pool_tokens = engine.kv_cache.num_blocks * engine.kv_cache.block_size
+    prompt = chat(engine, "Hi.")
+    too_long = make_request(prompt, max_tokens=pool_tokens - len(prompt) + 1)
+    with pytest.raises(ValueError, match=rf"over the {pool_tokens} that this worker's KV cache"):
+        engine.add_request(too_long)
+    fits = make_request(prompt, max_tokens=pool_tokens - len(prompt), ignore_eos=True)
+    outputs = run_one(engine, fits)
+    assert outputs[-1].finish_reason is FinishReason.LENGTH
+    assert outputs[-1].num_output_tokens == pool_tokens - len(prompt)
 
 
 def test_rejects_a_duplicate_request_id(engine: Engine) -> None:

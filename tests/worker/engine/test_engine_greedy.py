@@ -70,3 +70,22 @@ def test_mixed32_with_prefill_chunked_at_16_matches_generate(
     outputs = run_all(make_engine, mixed32_references, prefill_chunk_tokens=16, fuse_layers=False)
     for tokens, ref in zip(outputs, mixed32_references, strict=True):
         assert_same_as_reference(tokens, ref)
+
+
+def test_mixed32_twice_through_one_engine_hits_the_prefix_cache_and_matches_generate(
+    make_engine: EngineFactory, mixed32_references: list[Reference]
+) -> None:
+    # An engine of its own, with room for every block of the first pass, so that
+    # the second finds each prompt's full blocks still cached.
+    engine = make_engine(kv_cache_mib=512)
+    first = run_all(make_engine, mixed32_references, kv_cache_mib=512)
+    hits_before = engine.kv_cache.num_hit_tokens
+    second = run_all(make_engine, mixed32_references, kv_cache_mib=512)
+    block_size = engine.kv_cache.block_size
+    expected_hits = sum(
+        (len(ref.prompt_token_ids) - 1) // block_size * block_size for ref in mixed32_references
+    )
+    assert engine.kv_cache.num_hit_tokens - hits_before == expected_hits
+    assert second == first
+    for tokens, ref in zip(second, mixed32_references, strict=True):
+        assert_same_as_reference(tokens, ref)

@@ -34,16 +34,15 @@ def make_scheduler(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 64,
     prefill_chunk_tokens: int | None = None,
-    min_prefix_reuse_tokens: int | None = None,
+    enable_prefix_caching: bool = False,
     ttft_priority: int | None = None,
 ) -> Scheduler:
-    kv_cache = KVCacheManager(num_blocks, block_size, max_num_seqs)
+    kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
     return Scheduler(
         kv_cache,
         max_num_seqs,
         max_num_batched_tokens,
         prefill_chunk_tokens,
-        min_prefix_reuse_tokens=min_prefix_reuse_tokens,
         ttft_priority=ttft_priority,
     )
 
@@ -165,15 +164,14 @@ def test_equal_priority_waits_instead_of_preempting() -> None:
     assert plan(out) == [("running", 3, 1, True)]
 
 
-def test_finish_frees_the_slot_and_blocks() -> None:
+def test_finish_frees_the_blocks() -> None:
     scheduler = make_scheduler(num_blocks=10)
     seq = make_seq(7, rid="a")
     scheduler.add(seq)
     run_step(scheduler)
     assert scheduler.kv_cache.num_free_blocks == 8
     scheduler.finish(seq, FinishReason.CANCELLED)
-    assert scheduler.kv_cache.num_free_blocks == 10
-    assert scheduler.kv_cache.num_free_slots == 8
+    assert scheduler.kv_cache.num_free_blocks == 10 and seq.block_table == []
     assert not scheduler.has_unfinished() and seq.finish_reason is FinishReason.CANCELLED
 
 
@@ -189,7 +187,7 @@ def test_finishing_a_waiting_request_removes_it() -> None:
 
 def test_aging_lets_a_starved_low_request_overtake() -> None:
     now = [0.0]
-    kv_cache = KVCacheManager(100, 4, 1)
+    kv_cache = KVCacheManager(100, 4)
     scheduler = Scheduler(kv_cache, 1, 64, aging_interval_s=1.0, clock=lambda: now[0])
     scheduler.add(make_seq(3, priority=25, arrival=0.0, rid="low"))
     scheduler.add(make_seq(3, priority=50, arrival=1.0, rid="normal"))
@@ -209,34 +207,60 @@ def test_priority_order_is_priority_then_arrival_then_add_order() -> None:
     assert sorted([a, b, c, d]) == [c, d, a, b]
 
 
-def test_a_new_request_reuses_the_cached_prefix_it_shares_with_a_running_one() -> None:
-    scheduler = make_scheduler(min_prefix_reuse_tokens=8)
+def test_a_new_request_starts_after_the_blocks_a_running_one_computed() -> None:
+    scheduler = make_scheduler(enable_prefix_caching=True)
     scheduler.add(make_seq(rid="a", prompt=list(range(20))))
     run_step(scheduler)
-    scheduler.add(make_seq(rid="b", prompt=[*range(12), 99, 98, 97]))
+    scheduler.add(make_seq(rid="b", prompt=[*range(14), 99, 98, 97]))
     out = run_step(scheduler)
-    assert plan(out) == [("a", 20, 1, True), ("b", 12, 3, True)]
-    [copy] = out.kv_copies
-    assert (copy.src_slot, copy.dst_slot, copy.num_tokens) == (0, 1, 12)
+    # Tokens 0-11 fill three blocks of 4 that "a" computed; 12-13 are in a block
+    # that differs, computed again.
+    assert plan(out) == [("a", 20, 1, True), ("b", 12, 5, True)]
+    a, b = scheduler.running
+    assert b.block_table[:3] == a.block_table[:3]
+    assert b.block_table[3] not in a.block_table
 
 
-def test_an_identical_prompt_still_computes_its_last_token() -> None:
-    scheduler = make_scheduler(min_prefix_reuse_tokens=8)
+def test_a_finished_request_s_blocks_serve_a_later_identical_prompt() -> None:
+    scheduler = make_scheduler(enable_prefix_caching=True)
+    first = make_seq(rid="a", prompt=list(range(20)))
+    scheduler.add(first)
+    run_step(scheduler)
+    scheduler.finish(first, FinishReason.STOP)
+    scheduler.add(make_seq(rid="b", prompt=list(range(20))))
+    # The last token is computed again, for its logits, so its block is too.
+    assert plan(run_step(scheduler)) == [("b", 16, 4, True)]
+    kv_cache = scheduler.kv_cache
+    assert (kv_cache.num_queried_tokens, kv_cache.num_hit_tokens) == (40, 16)
+
+
+def test_no_reuse_of_a_prefix_not_computed_yet() -> None:
+    scheduler = make_scheduler(enable_prefix_caching=True)
+    scheduler.add(make_seq(rid="a", prompt=list(range(20))))
+    scheduler.add(make_seq(rid="b", prompt=list(range(20))))
+    assert plan(run_step(scheduler)) == [("a", 0, 20, True), ("b", 0, 20, True)]
+
+
+def test_a_chunked_prefill_caches_each_chunk_s_full_blocks() -> None:
+    scheduler = make_scheduler(enable_prefix_caching=True, prefill_chunk_tokens=8)
     scheduler.add(make_seq(rid="a", prompt=list(range(20))))
     run_step(scheduler)
-    scheduler.add(make_seq(rid="b", prompt=list(range(20))))
-    assert plan(run_step(scheduler))[1] == ("b", 19, 1, True)
+    scheduler.add(make_seq(rid="b", prompt=[*range(8), 50, 51]))
+    assert plan(run_step(scheduler)) == [("a", 8, 8, False), ("b", 8, 2, True)]
 
 
-def test_no_reuse_from_a_prefix_not_computed_yet_or_too_short() -> None:
-    scheduler = make_scheduler(min_prefix_reuse_tokens=8)
-    scheduler.add(make_seq(rid="a", prompt=list(range(20))))
-    scheduler.add(make_seq(rid="b", prompt=list(range(20))))
-    out = run_step(scheduler)
-    assert not out.kv_copies and plan(out)[1] == ("b", 0, 20, True)
-    scheduler.add(make_seq(rid="c", prompt=[*range(7), 99]))
-    out = run_step(scheduler)
-    assert not out.kv_copies and plan(out)[2] == ("c", 0, 8, True)
+def test_a_preempted_request_resumes_from_its_blocks_still_cached() -> None:
+    scheduler = make_scheduler(num_blocks=5, enable_prefix_caching=True)
+    scheduler.add(make_seq(8, priority=75, rid="keep"))
+    scheduler.add(make_seq(8, priority=25, prompt=list(range(8)), rid="victim"))
+    run_step(scheduler, token_id=1)
+    out = run_step(scheduler, token_id=2)
+    [victim] = out.preempted
+    assert victim.request_id == "victim" and victim.num_computed_tokens == 0
+    scheduler.finish(scheduler.running[0], FinishReason.STOP)
+    # Its two prompt blocks were still cached: only its one output token is computed.
+    assert plan(run_step(scheduler, token_id=3)) == [("victim", 8, 1, True)]
+    assert victim.output_token_ids == [1, 3]
 
 
 def test_an_urgent_request_gets_its_prefill_in_a_step_of_its_own() -> None:
@@ -251,20 +275,3 @@ def test_an_urgent_request_gets_its_prefill_in_a_step_of_its_own() -> None:
         ("normal", 3, 1, True),
         ("high", 0, 4, True),
     ]
-
-
-def test_a_finished_request_leaves_no_hole_in_the_batch() -> None:
-    scheduler = make_scheduler()
-    seqs = [make_seq(5, rid=rid) for rid in "abcd"]
-    for seq in seqs:
-        scheduler.add(seq)
-    run_step(scheduler)
-    run_step(scheduler)
-    scheduler.finish(seqs[0], FinishReason.STOP)
-    out = run_step(scheduler)
-    [copy] = out.kv_copies
-    # "d" held the last row: it moves into "a"'s, taking the 6 tokens it has cached,
-    # so the step reads rows 0-2 only.
-    assert (copy.src_slot, copy.dst_slot, copy.num_tokens) == (3, 0, 6)
-    assert [seq.slot for seq in seqs[1:]] == [1, 2, 0]
-    assert plan(out) == [("b", 6, 1, True), ("c", 6, 1, True), ("d", 6, 1, True)]

@@ -1,0 +1,53 @@
+"""EngineConfig: checked when made, naming the field that is wrong; fixed after."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from worker.engine import EngineConfig
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_num_seqs", 0),
+        ("max_num_batched_tokens", 0),
+        ("kv_cache_mib", 0),
+        ("kv_block_size", 0),
+        ("prefill_chunk_tokens", 0),
+        ("num_lookahead_slots", -1),
+        ("num_threads", 0),
+        ("ttft_priority", -1),
+        ("max_model_len", 1),
+        ("kv_cache_share", 0.0),
+        ("kv_cache_share", 1.5),
+        ("aging_interval_s", 0.0),
+        ("max_num_seqs", 2.5),
+        ("kv_block_size", True),
+    ],
+)
+def test_an_invalid_field_is_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        EngineConfig(model="m", **{field: value})
+
+
+def test_an_empty_model_is_refused() -> None:
+    with pytest.raises(ValueError, match="model"):
+        EngineConfig(model="")
+
+
+def test_optional_limits_take_none_and_the_defaults_are_valid() -> None:
+    config = EngineConfig(
+        model="m", kv_cache_mib=None, prefill_chunk_tokens=None, ttft_priority=None
+    )
+    assert config.kv_cache_share == 0.3 and config.enable_prefix_caching
+
+
+def test_a_config_is_frozen() -> None:
+    config = EngineConfig(model="m", kv_cache_mib=64)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.kv_cache_mib = 1  # type: ignore[misc]
+    assert dataclasses.replace(config, kv_cache_mib=128).kv_cache_mib == 128
