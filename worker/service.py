@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from shared.connection import UNREACHABLE, Backoff
 from shared.keys import REQUEST_ID_RE, Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent
+from shared.priority import FRESH_OFFSET
 from shared.records import stream_event
 from shared.replies import text
 from shared.scripts import Claimed, Scripts, claim_call, parse_claim, release_call
@@ -39,7 +40,7 @@ class EngineLike(Protocol):
     def abort_request(self, request_id: str, reason: FinishReason = ...) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
-    def num_free_slots(self) -> int: ...
+    def num_free_slots(self, resumed: bool = False) -> int: ...
     def stats(self) -> dict[str, float]: ...
 
 
@@ -178,11 +179,17 @@ class WorkerService:
             self.held.pop(request_id, None)
 
     def intake(self) -> int:
-        """Claim as many requests as the engine has room for; returns how many."""
-        free = self.engine.num_free_slots()
-        if free <= 0 or self.stopping.is_set() or self._paused():
+        """Claim as many requests as the engine has room for; returns how many.
+
+        Requests put back after their worker died come first in the queue, and a
+        client is reading each of them mid-answer: they are claimed into the rows the
+        engine keeps for them even when its batch is full of new work, so their
+        streams go silent for about one lease, not until a row frees up somewhere."""
+        room = self.engine.num_free_slots(resumed=True)
+        if room <= 0 or self.stopping.is_set():
             return 0
-        ids = self._valid_ids(self.redis.zrange(self.keys.queue(self.tag), 0, free - 1))
+        free = self.engine.num_free_slots()
+        ids = self._valid_ids(self._candidates(room, free))
         if not ids:
             return 0
         call = claim_call(self.keys, self.settings, self.tag, self.worker_id, ids)
@@ -191,8 +198,23 @@ class WorkerService:
             self._admit(c)
         return len(claimed)
 
-    def _paused(self) -> bool:
-        return bool(self.redis.exists(self.keys.paused(self.tag)))
+    def _candidates(self, room: int, free: int) -> list[Any]:
+        """Queue heads to claim: resumed ones up to ``room``, new ones up to ``free``
+        in all (one round trip, with the pause flag; nothing while paused)."""
+        last = "+inf" if free > 0 else f"({FRESH_OFFSET}"  # full: resumed ones only
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(self.keys.paused(self.tag))
+        pipe.zrange(
+            self.keys.queue(self.tag), 0, last, byscore=True, offset=0, num=room, withscores=True
+        )
+        paused, heads = pipe.execute()
+        if paused:
+            return []
+        picked: list[Any] = []
+        for member, score in heads:
+            if len(picked) < (room if score < FRESH_OFFSET else free):
+                picked.append(member)
+        return picked
 
     def _valid_ids(self, members: list[Any]) -> list[str]:
         """Queue members that are request ids; anything else was written by hand or by

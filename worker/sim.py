@@ -83,7 +83,7 @@ class SimEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running)
 
-    def num_free_slots(self) -> int:
+    def num_free_slots(self, resumed: bool = False) -> int:
         return self.sim.max_num_seqs - len(self.running)
 
     def stats(self) -> dict[str, float]:

@@ -16,6 +16,7 @@ from worker.engine import EngineRequest, RequestOutput
 @dataclass
 class ScriptedEngine:
     max_num_seqs: int = 4
+    max_num_resumed_seqs: int = 0
     running: dict[str, EngineRequest] = field(default_factory=dict)
     aborted: dict[str, FinishReason] = field(default_factory=dict)
     added: list[str] = field(default_factory=list)
@@ -40,8 +41,9 @@ class ScriptedEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running)
 
-    def num_free_slots(self) -> int:
-        return self.max_num_seqs - len(self.running)
+    def num_free_slots(self, resumed: bool = False) -> int:
+        extra = self.max_num_resumed_seqs if resumed else 0
+        return self.max_num_seqs + extra - len(self.running)
 
     def stats(self) -> dict[str, float]:
         return {"running": len(self.running), "waiting": 0, "kv_cache_usage": 0.0}

@@ -229,3 +229,28 @@ def test_an_operator_drain_order_stops_claims(setup: Any, fake_redis: fakeredis.
     assert service.stopping.is_set()
     client.submit("p", model=MODEL)
     assert service.intake() == 0
+
+
+def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    settings = Settings()
+    serve(fake_redis, MODEL)
+    client = Client(connection=fake_redis, settings=settings)
+    dying = WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
+    resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
+    dying.iterate()  # claims it and streams a token, then "dies" (its lease lapses)
+    busy = WorkerService(
+        ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1), fake_redis, settings, MODEL, "w1"
+    )
+    fresh = [client.submit(f"n {i}", model=MODEL, max_tokens=5, priority="high") for i in range(4)]
+    busy.iterate()  # full of new work now
+    fake_redis.zadd(Keys().leases(model_tag(MODEL)), {resumed.id: 0})
+    reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "reaper")
+    assert resumed.status().position == 0  # ahead of the new, higher-priority work
+    busy.iterate()
+    assert resumed.status().worker == "w1"
+    assert [h.status().state for h in fresh[2:]] == [RequestState.QUEUED] * 2
+    busy.run(burst=True)
+    events = [e.event for e in resumed.stream() if isinstance(e.event, TokenEvent)]
+    assert [e.index for e in events] == [0, 1, 2, 3, 4]

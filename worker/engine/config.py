@@ -21,6 +21,9 @@ class EngineConfig:
     A waiting request of ``ttft_priority`` or more (default: critical) gets its
     prefill in a short step of its own while the engine is busy, so its first token
     does not wait for a whole batch of decodes (``None`` turns this off).
+    ``max_num_resumed_seqs`` more rows are kept for requests resumed after their
+    worker died: a client is reading each of them mid-answer, so they join the batch
+    at once even when it is full of new work (the KV pool still bounds memory).
     """
 
     model: str
@@ -36,6 +39,7 @@ class EngineConfig:
     enable_aging: bool = False
     aging_interval_s: float = 1.0
     num_lookahead_slots: int = 4
+    max_num_resumed_seqs: int = 16
     num_threads: int | None = None
     fuse_layers: bool = True
     ttft_priority: int | None = 100
@@ -50,6 +54,7 @@ class EngineConfig:
         _at_least("kv_block_size", self.kv_block_size, 1)
         _at_least("prefill_chunk_tokens", self.prefill_chunk_tokens, 1, optional=True)
         _at_least("num_lookahead_slots", self.num_lookahead_slots, 0)
+        _at_least("max_num_resumed_seqs", self.max_num_resumed_seqs, 0)
         _at_least("num_threads", self.num_threads, 1, optional=True)
         _at_least("ttft_priority", self.ttft_priority, 0, optional=True)
         _at_least("max_model_len", self.max_model_len, 2, optional=True)

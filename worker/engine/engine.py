@@ -56,6 +56,7 @@ class Engine:
             config.prefill_chunk_tokens,
             config.aging_interval_s if config.enable_aging else None,
             ttft_priority=config.ttft_priority,
+            max_num_resumed_seqs=config.max_num_resumed_seqs,
         )
         self._seq_numbers = itertools.count()
         self._text: dict[str, _TextState] = {}
@@ -98,11 +99,14 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def num_free_slots(self) -> int:
+    def num_free_slots(self, resumed: bool = False) -> int:
         """How many more requests to claim now: free batch rows plus a small
-        look-ahead, so a more urgent request can wait here and preempt."""
+        look-ahead, so a more urgent request can wait here and preempt; with
+        ``resumed``, how many requests resumed mid-answer (they have rows kept)."""
         num_held = len(self.scheduler.running) + len(self.scheduler.waiting)
         capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
+        if resumed:
+            capacity += self.scheduler.max_num_resumed_seqs
         return max(0, capacity - num_held)
 
     def step(self) -> list[RequestOutput]:

@@ -31,6 +31,11 @@ class EngineRequest:
     output_text: str | None = None
     # Set by the engine for guided requests: the matcher, replayed over output_token_ids.
     grammar: GrammarState | None = None
+    # Resumed mid-answer after its worker died: its client is waiting for the rest.
+    resumed: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.resumed = bool(self.output_token_ids)
 
 
 class SeqStatus(enum.Enum):

@@ -34,9 +34,11 @@ class Scheduler:
         aging_interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         ttft_priority: int | None = None,
+        max_num_resumed_seqs: int = 0,
     ) -> None:
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
+        self.max_num_resumed_seqs = max_num_resumed_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.aging_interval_s = aging_interval_s
@@ -129,17 +131,26 @@ class Scheduler:
                 return 0
         return num_tokens
 
+    def max_batch_for(self, seq: Sequence) -> int:
+        """How full a batch ``seq`` may join: a request resumed mid-answer after its
+        worker died may use the rows kept for such requests."""
+        extra = self.max_num_resumed_seqs if seq.request.resumed else 0
+        return self.max_num_seqs + extra
+
+    def _next_admissible(self) -> Sequence | None:
+        """The first waiting request the batch has a row for, in priority order."""
+        return next((s for s in self.waiting if len(self.running) < self.max_batch_for(s)), None)
+
     def _schedule_waiting(
         self, out: SchedulerOutput, budget: int, min_priority: int | None = None
     ) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        while budget > 0 and (seq := self._next_admissible()) is not None:
             if seq.priority < (min_priority or 0):
                 return
             cached = self.kv_cache.cached_prefix(seq)
             if not self._fits_whole(seq, cached):
                 return
-            self.waiting.pop(0)
+            self.waiting.remove(seq)
             self._waiting_since.pop(seq.seq_no, None)
             budget -= self._admit(seq, cached, budget, out)
 
@@ -160,7 +171,7 @@ class Scheduler:
             head, victim = self.waiting[0], self.running[-1]
             if head.priority <= victim.priority:
                 return
-            if len(self.running) < self.max_num_seqs and self._fits_whole(
+            if len(self.running) < self.max_batch_for(head) and self._fits_whole(
                 head, self.kv_cache.cached_prefix(head)
             ):
                 return

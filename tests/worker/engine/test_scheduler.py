@@ -19,11 +19,13 @@ def make_seq(
     arrival: float = 0.0,
     rid: str | None = None,
     prompt: list[int] | None = None,
+    resumed_tokens: list[int] | None = None,
 ) -> Sequence:
     seq_no = next(_seq_numbers)
     request = EngineRequest(
         rid or f"r{seq_no}", prompt or list(range(100, 100 + num_prompt_tokens)),
         SamplingParams(temperature=0.0), priority=priority, arrival=arrival,
+        output_token_ids=list(resumed_tokens or []),
     )  # fmt: skip
     return Sequence.from_request(request, seq_no)
 
@@ -36,6 +38,7 @@ def make_scheduler(
     prefill_chunk_tokens: int | None = None,
     enable_prefix_caching: bool = False,
     ttft_priority: int | None = None,
+    max_num_resumed_seqs: int = 0,
 ) -> Scheduler:
     kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
     return Scheduler(
@@ -44,6 +47,7 @@ def make_scheduler(
         max_num_batched_tokens,
         prefill_chunk_tokens,
         ttft_priority=ttft_priority,
+        max_num_resumed_seqs=max_num_resumed_seqs,
     )
 
 
@@ -93,6 +97,36 @@ def test_batch_size_is_capped_at_max_num_seqs() -> None:
         scheduler.add(make_seq(3, rid=rid))
     assert [s.seq.request_id for s in run_step(scheduler).scheduled] == ["a", "b"]
     assert [s.request_id for s in scheduler.waiting] == ["c"]
+
+
+def test_a_request_resumed_mid_answer_joins_a_full_batch_in_a_kept_row() -> None:
+    s = make_scheduler(max_num_seqs=2, max_num_resumed_seqs=1)
+    for seq in (make_seq(4, priority=100), make_seq(4, priority=100)):
+        s.add(seq)
+    run_step(s)
+    fresh, resumed = make_seq(4, priority=100), make_seq(4, priority=25, resumed_tokens=[7, 7])
+    late = make_seq(4, priority=25, resumed_tokens=[7])
+    for seq in (fresh, resumed, late):
+        s.add(seq)
+    run_step(s)
+    # Only one row is kept: the more urgent new request, and the second resumed one, wait.
+    assert [q.status for q in (fresh, resumed, late)] == [
+        SeqStatus.WAITING,
+        SeqStatus.RUNNING,
+        SeqStatus.WAITING,
+    ]
+    assert len(s.running) == 3
+
+
+def test_without_kept_rows_a_resumed_request_waits_like_any_other() -> None:
+    s = make_scheduler(max_num_seqs=2)
+    for seq in (make_seq(4), make_seq(4)):
+        s.add(seq)
+    run_step(s)
+    resumed = make_seq(4, resumed_tokens=[7])
+    s.add(resumed)
+    run_step(s)
+    assert resumed.status is SeqStatus.WAITING
 
 
 def test_waiting_requests_are_admitted_in_priority_then_arrival_order() -> None:
