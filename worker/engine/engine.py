@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 from typing import Any
 
 from shared.models import FinishReason
@@ -20,6 +19,7 @@ from worker.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput
 from worker.engine.request import EngineRequest, Sequence
 from worker.engine.resume import resume_text_state
 from worker.engine.scheduler import Scheduler
+from worker.model_store import resolve_model
 
 
 class _TextState:
@@ -41,7 +41,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.runner = ModelRunner(config, _resolve(config.model))
+        self.runner = ModelRunner(config, resolve_model(config.model))
         self.tokenizer = self.runner.tokenizer
         num_blocks = self._num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
@@ -257,11 +257,3 @@ class Engine:
             budget_bytes = int(self.runner.num_free_bytes() * self.config.kv_cache_share)
         block_bytes = self.config.kv_block_size * self.runner.kv_bytes_per_token
         return max(1, budget_bytes // block_bytes)
-
-
-def _resolve(model: str) -> str | Path:
-    try:
-        from worker.model_store import resolve_model
-    except ImportError:
-        return model
-    return resolve_model(model)
