@@ -10,8 +10,8 @@ from typing import Any
 import redis.asyncio
 
 from producer.dashboard.errors import Conflict, NotFoundError
-from shared.errors import NotFound
 from shared.keys import Keys, tag_of
+from shared.reads import parse_cancel
 from shared.replies import text
 from shared.scripts import AsyncScripts, cancel_call, retry_call
 from shared.settings import Settings
@@ -30,10 +30,8 @@ class AsyncAdmin:
 
     async def cancel(self, request_id: str) -> str:
         """'cancelled' (was queued), 'requested' (running: stops within a step) or 'done'."""
-        reply = text(await self.scripts.run(cancel_call(self.keys, self.settings, request_id)))
-        if reply == "missing":
-            raise NotFound(f"request {request_id} does not exist (or has expired)")
-        return reply
+        reply = await self.scripts.run(cancel_call(self.keys, self.settings, request_id))
+        return parse_cancel(reply, request_id)
 
     async def retry(self, request_id: str) -> None:
         if not await self.scripts.run(retry_call(self.keys, request_id)):
