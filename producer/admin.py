@@ -42,7 +42,7 @@ class Admin:
 
     def retry(self, request_id: str) -> bool:
         """Queue a dead-lettered request again; False if it is not dead-lettered."""
-        return drive(self.redis, self.client._scripts, retry_flow(self.keys, request_id))
+        return drive(self.client._scripts, retry_flow(self.keys, request_id))
 
     def purge(self) -> int:
         """Delete every dead-lettered request with its stream; returns how many."""

@@ -9,6 +9,7 @@ import redis.asyncio
 
 from producer.client import _block_ms, _deadline
 from producer.requests import build_request, validate_request
+from shared.connection import connect_async
 from shared.flows import accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
@@ -36,9 +37,8 @@ class AsyncClient:
         settings: Settings | None = None,
     ) -> None:
         self.settings = settings or get_settings()
-        self.redis = connection or redis.asyncio.Redis.from_url(
-            redis_url or self.settings.redis_url
-        )
+        url = redis_url or self.settings.redis_url
+        self.redis = connection or connect_async(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = AsyncScripts(self.redis)
 
@@ -62,7 +62,7 @@ class AsyncClient:
     ) -> list[AsyncHandle]:
         reqs = [validate_request(self.settings, r) for r in requests]
         flow = enqueue_flow(self.keys, self.settings, reqs)
-        enqueued = await drive_async(self.redis, self._scripts, flow)
+        enqueued = await drive_async(self._scripts, flow)
         return [AsyncHandle(self, i) for i in accepted(enqueued, reqs, self.settings)]
 
     def handle(self, request_id: str) -> AsyncHandle:
@@ -86,7 +86,7 @@ class AsyncHandle:
 
     async def cancel(self) -> str:
         c = self.client
-        return await drive_async(c.redis, c._scripts, cancel_flow(c.keys, c.settings, self.id))
+        return await drive_async(c._scripts, cancel_flow(c.keys, c.settings, self.id))
 
     async def stream(
         self, after: str = "0-0", timeout: float | None = None

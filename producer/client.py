@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from producer.requests import build_request, validate_request
+from shared.connection import close, connect
 from shared.errors import RequestTimeout
 from shared.flows import accepted, cancel_flow, drive, enqueue_flow
 from shared.keys import Keys, tag_of
@@ -37,7 +38,8 @@ class Client:
         settings: Settings | None = None,
     ) -> None:
         self.settings = settings or get_settings()
-        self.redis = connection or redis.Redis.from_url(redis_url or self.settings.redis_url)
+        url = redis_url or self.settings.redis_url
+        self.redis = connection or connect(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = Scripts(self.redis)
 
@@ -48,7 +50,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self.redis.close()
+        close(self.redis)
 
     def submit(self, prompt: str | None = None, **kwargs: Any) -> Handle:
         """Enqueue one request; see ``producer.requests.build_request`` for arguments."""
@@ -63,7 +65,7 @@ class Client:
         """Validate all, then enqueue all in one round trip. A full queue raises QueueFull
         for the first request that did not fit; the ones before it stay accepted."""
         reqs = [validate_request(self.settings, r) for r in requests]
-        enqueued = drive(self.redis, self._scripts, enqueue_flow(self.keys, self.settings, reqs))
+        enqueued = drive(self._scripts, enqueue_flow(self.keys, self.settings, reqs))
         return [Handle(self, i) for i in accepted(enqueued, reqs, self.settings)]
 
     def handle(self, request_id: str) -> Handle:
@@ -92,7 +94,7 @@ class Handle:
         """'cancelled' (was queued), 'requested' (running: stops within a step),
         'done' (had already ended)."""
         c = self.client
-        return drive(c.redis, c._scripts, cancel_flow(c.keys, c.settings, self.id))
+        return drive(c._scripts, cancel_flow(c.keys, c.settings, self.id))
 
     def stream(self, after: str = "0-0", timeout: float | None = None) -> Iterator[StreamEvent]:
         """Token events as they arrive, then the final event; resume with ``after``.

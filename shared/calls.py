@@ -6,13 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.keys import Keys, model_tag, tag_of
+from shared.keys import Keys, model_tag, request_tag, tag_of
 from shared.models import GenerationRequest, dumps
 from shared.replies import text
 from shared.scripts import ScriptCall
 from shared.settings import Settings
-
-NO_IDEMPOTENCY = "0" * 64  # a digest that names no key: admit.lua ignores it
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ def admit_call(
 ) -> ScriptCall:
     return ScriptCall(
         "admit",
-        [keys.request(request_id), keys.idempotency(digest or NO_IDEMPOTENCY)],
+        [keys.request(request_id), _idempotency_key(keys, request_id, digest)],
         [
             request_id,
             dumps(req).decode(),
@@ -81,8 +79,14 @@ def enqueue_call(
 
 
 def withdraw_call(keys: Keys, request_id: str, digest: str | None) -> ScriptCall:
-    idem = keys.idempotency(digest or NO_IDEMPOTENCY)
+    idem = _idempotency_key(keys, request_id, digest)
     return ScriptCall("withdraw", [keys.request(request_id), idem], [request_id])
+
+
+def _idempotency_key(keys: Keys, request_id: str, digest: str | None) -> str:
+    """The request's idempotency key; without one, a name on the request's slot that the
+    scripts never write (KEYS must name it all the same)."""
+    return keys.idempotency(digest or request_tag(request_id).ljust(64, "-"))
 
 
 def claim_call(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -32,24 +32,37 @@ def cluster_url(url: str, cluster: bool = False) -> str | None:
     return url if cluster else None
 
 
-def connect(url: str, cluster: bool = False, **options: Any) -> SyncRedis:
-    """A sync connection: redis-py's cluster client for a cluster, else a plain one."""
+def connect(url: str, cluster: bool = False, **options: Any) -> redis.Redis:
+    """A sync connection: redis-py's cluster client for a cluster, else a plain one.
+    Typed as ``redis.Redis``: the cluster client takes the same commands and pipelines
+    that tokenq sends (every script and multi-key command stays on one slot), so the
+    code that uses a connection needs no second annotation."""
     node = cluster_url(url, cluster)
     if node is None:
         return redis.Redis.from_url(url, **options)
-    return RedisCluster.from_url(node, **options)
+    return cast(redis.Redis, RedisCluster.from_url(node, **options))
 
 
-def connect_async(url: str, cluster: bool = False, **options: Any) -> AsyncRedis:
+def connect_async(url: str, cluster: bool = False, **options: Any) -> redis.asyncio.Redis:
     """The asyncio twin of ``connect``."""
     node = cluster_url(url, cluster)
     if node is None:
         return redis.asyncio.Redis.from_url(url, **options)
-    return AsyncRedisCluster.from_url(node, **options)
+    return cast(redis.asyncio.Redis, AsyncRedisCluster.from_url(node, **options))
 
 
 def is_cluster(connection: Any) -> bool:
     return isinstance(connection, RedisCluster | AsyncRedisCluster)
+
+
+def close(connection: SyncRedis) -> None:
+    """Close ``connection`` and its sockets (a cluster client's ``close`` leaves the
+    pools of its nodes' connections open)."""
+    connection.close()
+    if isinstance(connection, RedisCluster):
+        for node in connection.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
 
 
 class Backoff:

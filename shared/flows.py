@@ -42,40 +42,24 @@ Command = ScriptCall | tuple[Any, ...]
 Flow = Generator[Sequence[Command], list[Any], T]
 
 
-def drive(connection: Any, scripts: Scripts, flow: Flow[T]) -> T:
-    """Run ``flow`` on a sync connection, one pipelined round trip per step."""
+def drive(scripts: Scripts, flow: Flow[T]) -> T:
+    """Run ``flow`` on the connection ``scripts`` is registered on, one round trip per step."""
     try:
         commands = next(flow)
         while True:
-            pipe = connection.pipeline(transaction=False)
-            for command in commands:
-                _queue(pipe, scripts.run, command)
-            commands = flow.send(pipe.execute() if commands else [])
+            commands = flow.send(scripts.send(commands))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
-async def drive_async(connection: Any, scripts: AsyncScripts, flow: Flow[T]) -> T:
+async def drive_async(scripts: AsyncScripts, flow: Flow[T]) -> T:
     """The asyncio twin of ``drive``."""
     try:
         commands = next(flow)
         while True:
-            pipe = connection.pipeline(transaction=False)
-            for command in commands:
-                if isinstance(command, ScriptCall):
-                    await scripts.run(command, pipe)
-                else:
-                    pipe.execute_command(*command)
-            commands = flow.send(await pipe.execute() if commands else [])
+            commands = flow.send(await scripts.send(commands))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-def _queue(pipe: Any, run: Any, command: Command) -> None:
-    if isinstance(command, ScriptCall):
-        run(command, pipe)
-    else:
-        pipe.execute_command(*command)
 
 
 @dataclass(frozen=True)

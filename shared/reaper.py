@@ -65,7 +65,7 @@ def _count(fenced: list[Moved], expiring: list[Moved]) -> Reaped:
 def reap_once(
     connection: Any, scripts: Scripts, settings: Settings, tag: str, owner: str
 ) -> Reaped | None:
-    return drive(connection, scripts, reap_flow(Keys(settings.namespace), settings, tag, owner))
+    return drive(scripts, reap_flow(Keys(settings.namespace), settings, tag, owner))
 
 
 async def reap_once_async(
@@ -73,4 +73,4 @@ async def reap_once_async(
 ) -> Reaped | None:
     """The asyncio twin of ``reap_once``, for gateways."""
     flow = reap_flow(Keys(settings.namespace), settings, tag, owner)
-    return await drive_async(connection, scripts, flow)
+    return await drive_async(scripts, flow)

@@ -18,6 +18,7 @@ import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from shared.priority import lua_constants
 
@@ -64,9 +65,39 @@ class Scripts:
         self._loaded = False
 
     def run(self, call: ScriptCall, pipe: Any = None) -> Any:
+        """Run ``call`` now (reloading on NOSCRIPT), or queue it on ``pipe``: a plain
+        EVALSHA, which a cluster pipeline also takes and which costs no SCRIPT EXISTS
+        per pipeline (``send`` reloads on NOSCRIPT)."""
         if not self._loaded:
             self._load()
-        return self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
+        script = self._by_name[call.script]
+        if pipe is None:
+            return script(keys=call.keys, args=call.args)
+        return pipe.execute_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+
+    def send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
+        """One pipelined round trip. After a Redis restart (NOSCRIPT) the scripts are
+        loaded again and the round trip is sent again, so every step sent through here
+        must be safe to repeat (each flow's steps are: see ``shared.flows``)."""
+        try:
+            return self._send(commands)
+        except NoScriptError:
+            self._load()
+            return self._send(commands)
+
+    def _send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
+        if not commands:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            if isinstance(command, ScriptCall):
+                self.run(command, pipe)
+            else:
+                pipe.execute_command(*command)
+        return pipe.execute()
+
+    def reload(self) -> None:
+        self._load()
 
     def _load(self) -> None:
         # Load every script before the first EVALSHA rather than on a NOSCRIPT reply:
@@ -93,9 +124,32 @@ class AsyncScripts:
         self._loaded = False
 
     async def run(self, call: ScriptCall, pipe: Any = None) -> Any:
+        """See ``Scripts.run``; queueing on ``pipe`` returns the pipe, not a coroutine."""
         if not self._loaded:
             await self._load()
-        return await self._by_name[call.script](keys=call.keys, args=call.args, client=pipe)
+        script = self._by_name[call.script]
+        if pipe is None:
+            return await script(keys=call.keys, args=call.args)
+        return pipe.execute_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+
+    async def send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
+        """The asyncio twin of ``Scripts.send``."""
+        try:
+            return await self._send(commands)
+        except NoScriptError:
+            await self._load()
+            return await self._send(commands)
+
+    async def _send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
+        if not commands:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            if isinstance(command, ScriptCall):
+                await self.run(command, pipe)
+            else:
+                pipe.execute_command(*command)
+        return await pipe.execute()
 
     async def _load(self) -> None:
         if isinstance(self._client, AsyncRedisCluster):

@@ -124,7 +124,7 @@ class WorkerService:
         if not held:
             return 0
         flow = fence_flow(self.keys, self.settings, self.tag, held, "release")
-        released = sum(m.fenced for m in drive(self.redis, self.scripts, flow))
+        released = sum(m.fenced for m in drive(self.scripts, flow))
         log.info("handed back %d request(s) to the queue", released)
         with self.held_lock:
             self.held.clear()
@@ -186,7 +186,7 @@ class WorkerService:
         if not ids:
             return 0
         flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
-        claimed = drive(self.redis, self.scripts, flow)
+        claimed = drive(self.scripts, flow)
         for c in claimed:
             self._admit(c)
         return len(claimed)

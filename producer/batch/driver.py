@@ -66,7 +66,7 @@ def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
     lines = store.read_lines(ctx, batch_id, cursor, min(room, FAN_OUT_CHUNK))
     tenant = m.get("tenant") or None
     requests = [_request(batch_id, int(m["priority"]), tenant, line) for line in lines]
-    enqueued = drive(ctx.redis, ctx.scripts, enqueue_flow(ctx.keys, ctx.settings, requests))
+    enqueued = drive(ctx.scripts, enqueue_flow(ctx.keys, ctx.settings, requests))
     return _record_fan_out(ctx, batch_id, cursor, lines, enqueued)
 
 
@@ -146,7 +146,7 @@ def cancel_pending(ctx: Context, batch_id: str) -> None:
     """Cancel every line in flight: queued ones go at once, running ones within a step."""
     pending = ctx.redis.hvals(ctx.bkeys.pending(batch_id))
     ids = [text(value).split(":", 1)[1] for value in pending]
-    drive(ctx.redis, ctx.scripts, ended_flow(ctx.keys, ctx.settings, "cancel", ids))
+    drive(ctx.scripts, ended_flow(ctx.keys, ctx.settings, "cancel", ids))
 
 
 def _finish_if_done(ctx: Context, batch_id: str, cancelling: bool) -> bool:

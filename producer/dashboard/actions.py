@@ -31,10 +31,10 @@ class AsyncAdmin:
     async def cancel(self, request_id: str) -> str:
         """'cancelled' (was queued), 'requested' (running: stops within a step) or 'done'."""
         flow = cancel_flow(self.keys, self.settings, request_id)
-        return await drive_async(self.redis, self.scripts, flow)
+        return await drive_async(self.scripts, flow)
 
     async def retry(self, request_id: str) -> None:
-        if not await drive_async(self.redis, self.scripts, retry_flow(self.keys, request_id)):
+        if not await drive_async(self.scripts, retry_flow(self.keys, request_id)):
             raise Conflict(
                 f"request {request_id} is not in the dead-letter set; only dead "
                 "requests can be retried",

@@ -56,7 +56,7 @@ class Backend:
         (the enqueue script decides, per TOKENQ_REQUIRE_KNOWN_MODEL)."""
         request = validate_request(self.settings, request)
         flow = enqueue_flow(self.keys, self.settings, [request])
-        (enqueued,) = await drive_async(self.redis, self._scripts, flow)
+        (enqueued,) = await drive_async(self._scripts, flow)
         accepted([enqueued], [request], self.settings)
         if not enqueued.duplicate:
             self.metrics.accepted(request.model, request.priority, api)
@@ -81,7 +81,7 @@ class Backend:
             owner = await self.redis.hget(self.keys.request(request_id), TENANT)
             _require_owner(request_id, None if owner is None else text(owner), scope)
         flow = cancel_flow(self.keys, self.settings, request_id)
-        return await drive_async(self.redis, self._scripts, flow)
+        return await drive_async(self._scripts, flow)
 
     async def events(self, request_id: str, after: str = "0-0") -> AsyncIterator[list[Entry]]:
         """The request's stream after ``after`` in batches, through its final event. An

@@ -76,22 +76,22 @@ def test_release_hands_back_without_spending_an_attempt(client: Client) -> None:
     (c,) = claim(client.redis, client.settings, 1)
     scripts = Scripts(client.redis)
     flow = fence_flow(client.keys, client.settings, TAG, {c.request_id: c.lease_token}, "release")
-    assert [(m.state, m.fenced) for m in drive(client.redis, scripts, flow)] == [("queued", True)]
+    assert [(m.state, m.fenced) for m in drive(scripts, flow)] == [("queued", True)]
     status = h.status()
     assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
     flow = fence_flow(client.keys, client.settings, TAG, {c.request_id: c.lease_token}, "release")
-    assert [m.fenced for m in drive(client.redis, scripts, flow)] == [False]
+    assert [m.fenced for m in drive(scripts, flow)] == [False]
 
 
 def test_retry_runs_a_dead_request_again_from_the_start(client: Client) -> None:
     h = client.submit("again")
     kill_every_attempt(client, h.id)
     scripts = Scripts(client.redis)
-    assert drive(client.redis, scripts, retry_flow(client.keys, h.id))
+    assert drive(scripts, retry_flow(client.keys, h.id))
     status = h.status()
     assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
     assert client.redis.xlen(Keys().stream(h.id)) == 0
-    assert not drive(client.redis, scripts, retry_flow(client.keys, h.id))
+    assert not drive(scripts, retry_flow(client.keys, h.id))
 
 
 def test_ended_requests_are_indexed_for_dashboards(client: Client) -> None:

@@ -54,7 +54,7 @@ class World:
 
     def claim(self, worker_id: str, *ids: str) -> list[Claimed]:
         flow = claim_flow(self.keys, self.settings, model_tag(MODEL), worker_id, list(ids))
-        return drive(self.sync, self.scripts, flow)
+        return drive(self.scripts, flow)
 
     def publish(self, claimed: Claimed, text: str, index: int = 0) -> None:
         event = TokenEvent(index=index, token_ids=(index + 1,), text=text)
@@ -70,7 +70,7 @@ class World:
         call = finish_call(
             self.keys, self.settings, claimed.request_id, claimed.lease_token, final, output, state
         )
-        drive(self.sync, self.scripts, finish_flow(self.keys, call))
+        drive(self.scripts, finish_flow(self.keys, call))
 
     def register_worker(self, worker_id: str, alive: bool = True, **fields: Any) -> None:
         info = {

@@ -55,7 +55,7 @@ async def test_a_requeued_request_counts_as_the_oldest(world: World) -> None:
     [claimed] = world.claim("w1", first)
     held = {first: claimed.lease_token}
     flow = fence_flow(world.keys, world.settings, model_tag(MODEL), held, "release")
-    drive(world.sync, world.scripts, flow)
+    drive(world.scripts, flow)
     stats = await _stats(world)
     [normal] = stats["priorities"]  # type: ignore[misc]
     assert normal["depth"] == 2  # type: ignore[has-type]

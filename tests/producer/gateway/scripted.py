@@ -124,7 +124,7 @@ class ScriptedWorker:
         if room <= 0 or not ids:
             return
         flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
-        for c in drive(self.redis, self.scripts, flow):
+        for c in drive(self.scripts, flow):
             request = GenerationRequest.model_validate_json(c.payload)
             self.running[c.request_id] = _Running(c, request, c.num_generated)
 
@@ -143,7 +143,7 @@ class ScriptedWorker:
         call = finish_call(
             self.keys, self.settings, c.request_id, c.lease_token, final, output, state
         )
-        drive(self.redis, self.scripts, finish_flow(self.keys, call))
+        drive(self.scripts, finish_flow(self.keys, call))
         del self.running[c.request_id]
 
 
