@@ -46,22 +46,14 @@ import redis.asyncio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from producer.embedded import EmbeddedRedis, free_port
+from shared.calls import TokenPublish, finish_call, publish_calls, renew_call
+from shared.flows import accepted, claim_flow, drive_async, enqueue_flow, finish_flow
 from shared.gc_policy import freeze_startup_objects
-from shared.keys import Keys, model_tag, new_request_id
+from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, dumps
 from shared.registry import mark_served
 from shared.replies import text
-from shared.scripts import (
-    AsyncScripts,
-    TokenPublish,
-    claim_call,
-    enqueue_call,
-    finish_call,
-    load_source,
-    parse_claim,
-    publish_call,
-    renew_call,
-)
+from shared.scripts import AsyncScripts
 from shared.settings import Settings
 
 MODEL = "bench-model"
@@ -159,44 +151,39 @@ class Bench:
 
 # The synthetic worker.
 async def enqueue(r: redis.asyncio.Redis, b: Bench, n: int) -> list[str]:
-    scripts, ids = AsyncScripts(r), [new_request_id(MODEL) for _ in range(n)]
-    req = GenerationRequest(model=MODEL, prompt="bench")
-    pipe = r.pipeline(transaction=False)
-    for request_id in ids:
-        await scripts.run(enqueue_call(b.keys, b.settings, request_id, req), pipe)
-    await pipe.execute()
-    return ids
+    reqs = [GenerationRequest(model=MODEL, prompt="bench") for _ in range(n)]
+    enqueued = await drive_async(AsyncScripts(r), enqueue_flow(b.keys, b.settings, reqs))
+    return accepted(enqueued, reqs, b.settings)
 
 
 async def claim_all(r: redis.asyncio.Redis, b: Bench) -> dict[str, str]:
     ids = [text(i) for i in await r.zrange(b.keys.queue(b.tag), 0, -1)]
     tokens: dict[str, str] = {}
     for start in range(0, len(ids), 200):
-        call = claim_call(b.keys, b.settings, b.tag, "bench", ids[start : start + 200])
+        flow = claim_flow(b.keys, b.settings, b.tag, "bench", ids[start : start + 200])
         tokens.update(
-            {c.request_id: c.lease_token for c in parse_claim(await AsyncScripts(r).run(call))}
+            {c.request_id: c.lease_token for c in await drive_async(AsyncScripts(r), flow)}
         )
     return tokens
 
 
 async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], seconds: float) -> None:
-    """One token per request per step, in one publish call (as a worker's step does),
+    """One token per request per step, in one round trip (as a worker's step does),
     for ``seconds``, renewing the leases; then each request's final event. The event is
     built by hand (as ``dumps(TokenEvent)`` would) so that the stamp is close to the moment
     it is sent."""
-    sha = await r.script_load(load_source("publish"))
+    scripts = AsyncScripts(r)
     interval_s, index = 1.0 / b.tokens_per_s, 0
     renew_every_s, renewed = b.settings.lease_ms / 3_000, time.monotonic()
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         step_started = time.monotonic()
         if step_started - renewed > renew_every_s:  # as a worker's heartbeat does
-            await AsyncScripts(r).run(renew_call(b.keys, b.settings, b.tag, held))
+            await scripts.send([renew_call(b.keys, b.settings, b.tag, held)])
             renewed = step_started
         event = (TOKEN_JSON % (index, index, time.time_ns())).encode()
         step = [TokenPublish(i, token, event, index, 1) for i, token in held.items()]
-        call = publish_call(b.keys, step)
-        await r.evalsha(sha, len(call.keys), *call.keys, *call.args)
+        await scripts.send(publish_calls(b.keys, step, one_per_request=False))
         index += 1
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - step_started)))
     await finish(r, b, held, index)
@@ -207,11 +194,10 @@ async def finish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], n: int)
         dumps(FinalEvent(finish_reason=FinishReason.LENGTH)),
         orjson.dumps({"text": "", "token_ids": []}),
     )
-    pipe = r.pipeline(transaction=False)
+    scripts = AsyncScripts(r)
     for request_id, token in held.items():
         call = finish_call(b.keys, b.settings, request_id, token, final, output, "finished")
-        await AsyncScripts(r).run(call, pipe)
-    await pipe.execute()
+        await drive_async(scripts, finish_flow(b.keys, call))
 
 
 async def read_direct(r: redis.asyncio.Redis, b: Bench, ids: list[str], after_ns: int) -> Arrivals:

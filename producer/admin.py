@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from producer.client import Client
+from shared.flows import drive, retry_flow
 from shared.keys import model_tag
 from shared.records import STATUS_FIELDS, decode_hash
 from shared.registry import known_models
 from shared.replies import text
-from shared.scripts import retry_call
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Admin:
 
     def retry(self, request_id: str) -> bool:
         """Queue a dead-lettered request again; False if it is not dead-lettered."""
-        return bool(self.client._scripts.run(retry_call(self.keys, request_id)))
+        return drive(self.client._scripts, retry_flow(self.keys, request_id))
 
     def purge(self) -> int:
         """Delete every dead-lettered request with its stream; returns how many."""

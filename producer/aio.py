@@ -9,17 +9,18 @@ import redis.asyncio
 
 from producer.client import _block_ms, _deadline
 from producer.requests import build_request, validate_request
-from shared.keys import Keys, new_request_id, tag_of
+from shared.connection import connect_async
+from shared.flows import accepted, cancel_flow, drive_async, enqueue_flow
+from shared.keys import Keys, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
 from shared.reads import (
-    parse_cancel,
     parse_xread,
     position_read,
     result_read,
     run_read_async,
     status_read,
 )
-from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
+from shared.scripts import AsyncScripts
 from shared.settings import Settings, get_settings
 
 BLOCK_MS = 2_000
@@ -36,9 +37,8 @@ class AsyncClient:
         settings: Settings | None = None,
     ) -> None:
         self.settings = settings or get_settings()
-        self.redis = connection or redis.asyncio.Redis.from_url(
-            redis_url or self.settings.redis_url
-        )
+        url = redis_url or self.settings.redis_url
+        self.redis = connection or connect_async(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = AsyncScripts(self.redis)
 
@@ -61,15 +61,9 @@ class AsyncClient:
         self, requests: Iterable[GenerationRequest | Mapping[str, Any]]
     ) -> list[AsyncHandle]:
         reqs = [validate_request(self.settings, r) for r in requests]
-        pipe = self.redis.pipeline(transaction=False)
-        for req in reqs:
-            call = enqueue_call(self.keys, self.settings, new_request_id(req.model), req)
-            await self._scripts.run(call, pipe)
-        replies = await pipe.execute(raise_on_error=True)
-        return [
-            AsyncHandle(self, parse_enqueue(reply, req.model, self.settings).request_id)
-            for reply, req in zip(replies, reqs, strict=True)
-        ]
+        flow = enqueue_flow(self.keys, self.settings, reqs)
+        enqueued = await drive_async(self._scripts, flow)
+        return [AsyncHandle(self, i) for i in accepted(enqueued, reqs, self.settings)]
 
     def handle(self, request_id: str) -> AsyncHandle:
         tag_of(request_id)
@@ -92,8 +86,7 @@ class AsyncHandle:
 
     async def cancel(self) -> str:
         c = self.client
-        reply = await c._scripts.run(cancel_call(c.keys, c.settings, self.id))
-        return parse_cancel(reply, self.id)
+        return await drive_async(c._scripts, cancel_flow(c.keys, c.settings, self.id))
 
     async def stream(
         self, after: str = "0-0", timeout: float | None = None

@@ -9,18 +9,19 @@ from typing import Any
 import redis
 
 from producer.requests import build_request, validate_request
+from shared.connection import close, connect
 from shared.errors import RequestTimeout
-from shared.keys import Keys, new_request_id, tag_of
+from shared.flows import accepted, cancel_flow, drive, enqueue_flow
+from shared.keys import Keys, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
 from shared.reads import (
-    parse_cancel,
     parse_xread,
     position_read,
     result_read,
     run_read,
     status_read,
 )
-from shared.scripts import Scripts, cancel_call, enqueue_call, parse_enqueue
+from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
 
 BLOCK_MS = 2_000
@@ -37,7 +38,8 @@ class Client:
         settings: Settings | None = None,
     ) -> None:
         self.settings = settings or get_settings()
-        self.redis = connection or redis.Redis.from_url(redis_url or self.settings.redis_url)
+        url = redis_url or self.settings.redis_url
+        self.redis = connection or connect(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = Scripts(self.redis)
 
@@ -48,7 +50,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self.redis.close()
+        close(self.redis)
 
     def submit(self, prompt: str | None = None, **kwargs: Any) -> Handle:
         """Enqueue one request; see ``producer.requests.build_request`` for arguments."""
@@ -63,16 +65,8 @@ class Client:
         """Validate all, then enqueue all in one round trip. A full queue raises QueueFull
         for the first request that did not fit; the ones before it stay accepted."""
         reqs = [validate_request(self.settings, r) for r in requests]
-        pipe = self.redis.pipeline(transaction=False)
-        for req in reqs:
-            self._scripts.run(
-                enqueue_call(self.keys, self.settings, new_request_id(req.model), req), pipe
-            )
-        replies = pipe.execute(raise_on_error=True)
-        return [self._handle(reply, req) for reply, req in zip(replies, reqs, strict=True)]
-
-    def _handle(self, reply: list[Any], req: GenerationRequest) -> Handle:
-        return Handle(self, parse_enqueue(reply, req.model, self.settings).request_id)
+        enqueued = drive(self._scripts, enqueue_flow(self.keys, self.settings, reqs))
+        return [Handle(self, i) for i in accepted(enqueued, reqs, self.settings)]
 
     def handle(self, request_id: str) -> Handle:
         tag_of(request_id)  # validates the id before it becomes a key
@@ -100,7 +94,7 @@ class Handle:
         """'cancelled' (was queued), 'requested' (running: stops within a step),
         'done' (had already ended)."""
         c = self.client
-        return parse_cancel(c._scripts.run(cancel_call(c.keys, c.settings, self.id)), self.id)
+        return drive(c._scripts, cancel_flow(c.keys, c.settings, self.id))
 
     def stream(self, after: str = "0-0", timeout: float | None = None) -> Iterator[StreamEvent]:
         """Token events as they arrive, then the final event; resume with ``after``.

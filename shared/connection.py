@@ -1,17 +1,68 @@
-"""Reaching Redis: backoff, the URL as it may be printed, and waiting for Redis at start."""
+"""Reaching Redis: one Redis or a Redis Cluster, backoff, the URL as it may be printed,
+and waiting for Redis at start."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# A sync or asyncio connection to one Redis or to a Redis Cluster.
+SyncRedis = redis.Redis | RedisCluster
+AsyncRedis = redis.asyncio.Redis | AsyncRedisCluster
 
 # What "Redis is not there (yet)" looks like; anything else is a real error.
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+def cluster_url(url: str, cluster: bool = False) -> str | None:
+    """The plain URL of a cluster node when ``url`` names a cluster (a ``redis+cluster://``
+    URL, or any URL with ``cluster`` set: TOKENQ_REDIS_CLUSTER), else None."""
+    scheme, sep, rest = url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        return f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}"
+    return url if cluster else None
+
+
+def connect(url: str, cluster: bool = False, **options: Any) -> redis.Redis:
+    """A sync connection: redis-py's cluster client for a cluster, else a plain one.
+    Typed as ``redis.Redis``: the cluster client takes the same commands and pipelines
+    that tokenq sends (every script and multi-key command stays on one slot), so the
+    code that uses a connection needs no second annotation."""
+    node = cluster_url(url, cluster)
+    if node is None:
+        return redis.Redis.from_url(url, **options)
+    return cast(redis.Redis, RedisCluster.from_url(node, **options))
+
+
+def connect_async(url: str, cluster: bool = False, **options: Any) -> redis.asyncio.Redis:
+    """The asyncio twin of ``connect``."""
+    node = cluster_url(url, cluster)
+    if node is None:
+        return redis.asyncio.Redis.from_url(url, **options)
+    return cast(redis.asyncio.Redis, AsyncRedisCluster.from_url(node, **options))
+
+
+def is_cluster(connection: Any) -> bool:
+    return isinstance(connection, RedisCluster | AsyncRedisCluster)
+
+
+def close(connection: SyncRedis) -> None:
+    """Close ``connection`` and its sockets (a cluster client's ``close`` leaves the
+    pools of its nodes' connections open)."""
+    connection.close()
+    if isinstance(connection, RedisCluster):
+        for node in connection.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
 
 
 class Backoff:

@@ -1,8 +1,13 @@
 """All Redis key names, in one place.
 
-Every key a script touches for a model carries that model's hash tag, so scripts
-run on Redis Cluster too. A request id starts with its model's tag, so any
-process can find a request's keys from its id alone.
+Two kinds of hash tag, so that every script touches one slot and runs on Redis
+Cluster. A model's control keys (queue, leases, owners, ...) carry the model's tag
+and are touched at enqueue, claim, renew, finish and reap. A request's own keys
+(hash, stream, idempotency key) carry the request's tag, part of its random id, so
+they spread over the slots and take the per-token traffic off the model's shard.
+
+A request id is ``<model tag>-<request tag><8 more hex>``: any process finds both
+the model's keys and the request's from the id alone.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from dataclasses import dataclass
 from shared.errors import InvalidRequest
 
 TAG_CHARS = 8
-REQUEST_ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{24})$")
+REQUEST_TAG_CHARS = 16
+REQUEST_ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{16})([0-9a-f]{8})$")
 
 
 def model_tag(model: str) -> str:
@@ -23,18 +29,34 @@ def model_tag(model: str) -> str:
     return hashlib.sha1(model.encode()).hexdigest()[:TAG_CHARS]
 
 
-def new_request_id(model: str) -> str:
-    return f"{model_tag(model)}-{secrets.token_hex(12)}"
+def new_request_id(model: str, request_tag: str | None = None) -> str:
+    """A fresh id; ``request_tag`` (an idempotency digest's head) puts it on that slot."""
+    rtag = request_tag or secrets.token_hex(REQUEST_TAG_CHARS // 2)
+    return f"{model_tag(model)}-{rtag}{secrets.token_hex(4)}"
 
 
-def tag_of(request_id: str) -> str:
-    """The model tag of a request id; raises InvalidRequest for anything malformed."""
+def idempotency_digest(model: str, key: str, tenant: str | None = None) -> str:
+    """Per model and tenant: one tenant's key never finds another tenant's request."""
+    return hashlib.sha256("\x00".join((model, tenant or "", key)).encode()).hexdigest()
+
+
+def _match(request_id: str) -> re.Match[str]:
     match = REQUEST_ID_RE.match(request_id)
     if match is None:
         raise InvalidRequest(
             f"malformed request id {request_id!r}: expected 8 hex, '-', 24 hex characters"
         )
-    return match.group(1)
+    return match
+
+
+def tag_of(request_id: str) -> str:
+    """The model tag of a request id; raises InvalidRequest for anything malformed."""
+    return _match(request_id).group(1)
+
+
+def request_tag(request_id: str) -> str:
+    """The request's own hash tag; raises InvalidRequest for anything malformed."""
+    return _match(request_id).group(2)
 
 
 @dataclass(frozen=True)
@@ -84,18 +106,21 @@ class Keys:
     def paused(self, tag: str) -> str:
         return self._q(tag, "paused")
 
-    def idempotency(self, tag: str, key: str, tenant: str | None = None) -> str:
-        """Per tenant: one tenant's key never finds another tenant's request."""
-        scoped = key if tenant is None else f"{tenant}\x00{key}"
-        digest = hashlib.sha256(scoped.encode()).hexdigest()
-        return self._q(tag, f"idem:{digest}")
+    def scores(self, tag: str) -> str:
+        """Hash id -> the queue score a claimed request goes back to if put back."""
+        return self._q(tag, "scores")
 
-    # Per request (tag taken from the id).
+    # Per request (the request's own tag, taken from the id or the idempotency digest).
+    def idempotency(self, digest: str) -> str:
+        """Holds the id of the request submitted with that key (``idempotency_digest``);
+        on the slot of that request, whose id carries ``digest[:REQUEST_TAG_CHARS]``."""
+        return self._q(digest[:REQUEST_TAG_CHARS], f"idem:{digest}")
+
     def request(self, request_id: str) -> str:
-        return self._q(tag_of(request_id), f"req:{request_id}")
+        return self._q(request_tag(request_id), f"req:{request_id}")
 
     def stream(self, request_id: str) -> str:
-        return self._q(tag_of(request_id), f"stream:{request_id}")
+        return self._q(request_tag(request_id), f"stream:{request_id}")
 
     # Global, never touched by a script together with tagged keys.
     def models(self) -> str:

@@ -13,7 +13,6 @@ from typing import Any, Generic, TypeVar
 import redis
 import redis.asyncio
 
-from shared.errors import NotFound
 from shared.keys import Keys, tag_of
 from shared.models import RequestStatus, Result, StreamEvent
 from shared.records import (
@@ -24,7 +23,6 @@ from shared.records import (
     status_from_hash,
     stream_event,
 )
-from shared.replies import text
 
 T = TypeVar("T")
 VIEW_FIELDS = (*STATUS_FIELDS, "final", "output")
@@ -73,14 +71,6 @@ def result_read(keys: Keys, request_id: str) -> Read[Result | None]:
 def position_read(keys: Keys, request_id: str) -> Read[int | None]:
     """Requests ahead in the queue (0: next), or None once claimed."""
     return Read([("ZRANK", keys.queue(tag_of(request_id)), request_id)], lambda r: _rank(r[0]))
-
-
-def parse_cancel(reply: Any, request_id: str) -> str:
-    """The cancel script's outcome ('cancelled', 'requested', 'done'); NotFound if missing."""
-    outcome = text(reply)
-    if outcome == "missing":
-        raise NotFound(f"request {request_id} does not exist (or has expired)")
-    return outcome
 
 
 def parse_xread(reply: Any) -> list[StreamEvent]:

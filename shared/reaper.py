@@ -1,59 +1,76 @@
 """Finding requests whose worker died, and queued requests whose deadline passed.
 
 Any process may sweep (workers from their heartbeat, gateways from a background
-task); a short lock per queue makes one sweep at a time.
+task); a short lock per queue makes one sweep at a time. Each found request is
+fenced on its own slot before its model's keys move (``shared.flows``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-import redis
-import redis.asyncio
-
+from shared.calls import Moved
+from shared.flows import Flow, drive, drive_async, ended_flow, fence_flow
 from shared.keys import Keys
-from shared.scripts import AsyncScripts, Reaped, Scripts, parse_reap, reap_call
+from shared.replies import text
+from shared.scripts import AsyncScripts, Scripts
 from shared.settings import Settings
 
 MAX_PER_SWEEP = 200
+
+
+@dataclass(frozen=True)
+class Reaped:
+    requeued: int = 0
+    dead: int = 0
+    ended: int = 0  # expired while queued, or cancelled while its worker died
 
 
 def _lock_ms(settings: Settings) -> int:
     return max(settings.lease_ms // 2, 100)
 
 
-def _queue_candidates(pipe: Any, keys: Keys, tag: str, time_reply: Any) -> None:
-    seconds, micros = time_reply
+def _ids(reply: list[Any]) -> list[str]:
+    return sorted({text(m) for m in reply})
+
+
+def reap_flow(keys: Keys, settings: Settings, tag: str, owner: str) -> Flow[Reaped | None]:
+    """One sweep of ``tag``'s queue, or None when another process holds the lock."""
+    lock = ("SET", keys.reaper_lock(tag), owner, "NX", "PX", _lock_ms(settings))
+    locked, (seconds, micros) = yield [lock, ("TIME",)]
+    if not locked:
+        return None
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    pipe.zrangebyscore(keys.leases(tag), "-inf", now_ms, start=0, num=MAX_PER_SWEEP)
-    pipe.zrangebyscore(keys.deadlines(tag), "-inf", now_ms, start=0, num=MAX_PER_SWEEP)
+    window = ("-inf", now_ms, "LIMIT", 0, MAX_PER_SWEEP)
+    lapsed, late = yield [
+        ("ZRANGEBYSCORE", keys.leases(tag), *window),
+        ("ZRANGEBYSCORE", keys.deadlines(tag), *window),
+    ]
+    expired = _ids(lapsed)
+    tokens = yield [("HMGET", keys.owners(tag), *expired)] if expired else []
+    held = {i: text(t) for i, t in zip(expired, tokens[0] if tokens else [], strict=False) if t}
+    fenced = yield from fence_flow(keys, settings, tag, held, "reap")
+    queued = [i for i in _ids(late) if i not in held]
+    expiring = yield from ended_flow(keys, settings, "expire", queued)
+    return _count(fenced, expiring)
 
 
-def _ids(replies: list[Any]) -> list[str]:
-    return sorted({m.decode() if isinstance(m, bytes) else str(m) for r in replies for m in r})
+def _count(fenced: list[Moved], expiring: list[Moved]) -> Reaped:
+    states = [m.state for m in fenced]
+    ended = states.count("cancelled") + [m.state for m in expiring].count("expired")
+    return Reaped(requeued=states.count("queued"), dead=states.count("dead"), ended=ended)
 
 
 def reap_once(
-    connection: redis.Redis, scripts: Scripts, settings: Settings, tag: str, owner: str
+    connection: Any, scripts: Scripts, settings: Settings, tag: str, owner: str
 ) -> Reaped | None:
-    """One sweep of ``tag``'s queue, or None when another process holds the lock."""
-    keys = Keys(settings.namespace)
-    if not connection.set(keys.reaper_lock(tag), owner, nx=True, px=_lock_ms(settings)):
-        return None
-    pipe = connection.pipeline(transaction=False)
-    _queue_candidates(pipe, keys, tag, connection.time())
-    ids = _ids(pipe.execute())
-    return parse_reap(scripts.run(reap_call(keys, settings, tag, ids))) if ids else Reaped()
+    return drive(scripts, reap_flow(Keys(settings.namespace), settings, tag, owner))
 
 
 async def reap_once_async(
-    connection: redis.asyncio.Redis, scripts: AsyncScripts, settings: Settings, tag: str, owner: str
+    connection: Any, scripts: AsyncScripts, settings: Settings, tag: str, owner: str
 ) -> Reaped | None:
     """The asyncio twin of ``reap_once``, for gateways."""
-    keys = Keys(settings.namespace)
-    if not await connection.set(keys.reaper_lock(tag), owner, nx=True, px=_lock_ms(settings)):
-        return None
-    pipe = connection.pipeline(transaction=False)
-    _queue_candidates(pipe, keys, tag, await connection.time())
-    ids = _ids(await pipe.execute())
-    return parse_reap(await scripts.run(reap_call(keys, settings, tag, ids))) if ids else Reaped()
+    flow = reap_flow(Keys(settings.namespace), settings, tag, owner)
+    return await drive_async(scripts, flow)

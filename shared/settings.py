@@ -12,6 +12,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOKENQ_", extra="ignore", frozen=True)
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # A Redis Cluster: a redis+cluster:// URL of any node, or any URL with this set.
+    redis_cluster: bool = False
     namespace: str = Field("tokenq", pattern=r"^[A-Za-z0-9_\-]{1,64}$")
     default_model: str = DEFAULT_MODEL
     # Backpressure: queued requests allowed per model before submit raises QueueFull.

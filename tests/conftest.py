@@ -3,18 +3,22 @@ and factories for settings and clients."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import fakeredis
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
+from shared.connection import close
 from shared.keys import Keys
 from shared.registry import mark_served
 from shared.settings import DEFAULT_MODEL, Settings
+from tests.cluster import LocalCluster
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +40,24 @@ def real_redis(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A real 3-master Redis Cluster on free loopback ports."""
+    if not shutil.which("redis-server"):
+        pytest.fail("redis-server is not installed: run  apt-get install -y redis-server")
+    cluster = LocalCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_redis(redis_cluster: LocalCluster) -> Iterator[RedisCluster]:
+    client = redis_cluster.client()
+    client.flushall()
+    yield client
+    close(client)
+
+
 @pytest.fixture
 def fake_redis() -> Iterator[fakeredis.FakeRedis]:
     client = fakeredis.FakeRedis()
@@ -43,11 +65,17 @@ def fake_redis() -> Iterator[fakeredis.FakeRedis]:
     client.close()
 
 
-@pytest.fixture(params=["fakeredis", "redis-server"])
+REDIS_FIXTURES = {
+    "fakeredis": "fake_redis",
+    "redis-server": "real_redis",
+    "redis-cluster": "cluster_redis",
+}
+
+
+@pytest.fixture(params=list(REDIS_FIXTURES))
 def any_redis(request: pytest.FixtureRequest) -> redis.Redis:
-    """Runs a test against fakeredis and against a real redis-server."""
-    name = "fake_redis" if request.param == "fakeredis" else "real_redis"
-    client: redis.Redis = request.getfixturevalue(name)
+    """Runs a test against fakeredis, a real redis-server and a real Redis Cluster."""
+    client: redis.Redis = request.getfixturevalue(REDIS_FIXTURES[request.param])
     return client
 
 

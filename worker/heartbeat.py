@@ -11,12 +11,13 @@ from typing import Any
 
 import redis
 
+from shared.calls import renew_call
 from shared.keys import Keys
 from shared.reaper import reap_once
 from shared.registry import register_worker
-from shared.scripts import Scripts, renew_call
+from shared.scripts import Scripts
 from shared.settings import Settings
-from worker.publisher import CANCEL_REQUESTED, LEASE_LOST
+from worker.publisher import LEASE_LOST
 from worker.service import WorkerService
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,16 @@ class Heartbeat(threading.Thread):
         held = s.held_leases()
         pipe = self.redis.pipeline(transaction=False)
         if held:
+            # Leases on the model's slot; cancel flags on each request's own.
             self.scripts.run(renew_call(s.keys, s.settings, s.tag, held), pipe)
+            for request_id in held:
+                pipe.hget(s.keys.request(request_id), "cancel")
         self._register(pipe)
         pipe.get(s.keys.worker_control(s.worker_id))
         replies = pipe.execute()
         self.last_ok_s = time.monotonic()
         if held:
-            self._apply(list(held), replies[0])
+            self._apply(list(held), replies[0], replies[1 : 1 + len(held)])
         self._obey(replies[-1])
 
     def _obey(self, order: bytes | None) -> None:
@@ -86,12 +90,12 @@ class Heartbeat(threading.Thread):
                 reaped.ended,
             )
 
-    def _apply(self, ids: list[str], codes: list[int]) -> None:
-        for request_id, code in zip(ids, codes, strict=True):
+    def _apply(self, ids: list[str], codes: list[int], cancels: list[Any]) -> None:
+        for request_id, code, cancel in zip(ids, codes, cancels, strict=True):
             if code == LEASE_LOST:
                 log.warning("lease on %s expired; it resumes elsewhere", request_id)
                 self.service.lost.put(request_id)
-            elif code == CANCEL_REQUESTED:
+            elif cancel == b"1":
                 self.service.cancelled.put(request_id)
 
     def _register(self, pipe: Any) -> None:

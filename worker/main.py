@@ -13,9 +13,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import redis
-
-from shared.connection import wait_for_redis
+from shared.connection import connect, wait_for_redis
 from shared.gc_policy import freeze_startup_objects
 from shared.settings import Settings
 from shared.version import VERSION
@@ -73,7 +71,7 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     the engine ``config`` that ``engine_config(opts)`` built."""
     started = time.monotonic()
     model_name = opts.served_model_name or opts.model
-    connection = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    connection = connect(settings.redis_url, settings.redis_cluster, health_check_interval=30)
     wait_for_redis(connection, settings.redis_url, log)
     worker_id = new_worker_id()
     loading = LoadingBeat(connection, settings, worker_id, _info(model_name, opts))
@@ -125,7 +123,8 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
         "max_num_seqs": engine.config.max_num_seqs,
         "kv_cache_mib": engine.kv_cache_budget_bytes // 2**20,
     }
-    heartbeat = Heartbeat(service, redis.Redis.from_url(service.settings.redis_url), info)
+    s = service.settings
+    heartbeat = Heartbeat(service, connect(s.redis_url, s.redis_cluster), info)
     heartbeat.beat()
     heartbeat.start()
     return heartbeat

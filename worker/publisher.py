@@ -1,9 +1,12 @@
 """Turning one engine step into one pipelined round trip, and its replies into actions.
 
-A step is one publish call (every request's token event) followed by a finish call
-per request that ended. Nothing about a request changes until Redis has
-acknowledged the round trip, so a step whose publish failed (Redis away) is simply
-sent again; the publish script's index check makes that exactly-once.
+A step is its token events (one publish call on one Redis, one per request on a
+cluster) followed by a finish call per request that ended, all on the requests' own
+slots. Nothing about a request changes until Redis has acknowledged the round trip,
+so a step whose publish failed (Redis away) is simply sent again; the publish
+script's index check makes that exactly-once. When requests ended, a second round
+trip settles them on the model's slot (drops their leases, files them in history);
+should it never happen, their leases lapse and the reaper settles them.
 """
 
 from __future__ import annotations
@@ -11,9 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.calls import (
+    Moved,
+    TokenPublish,
+    finish_call,
+    parse_finish,
+    publish_calls,
+    settle_call,
+)
+from shared.connection import is_cluster
 from shared.keys import Keys
 from shared.models import FinishReason, TokenEvent, dumps
-from shared.scripts import ScriptCall, TokenPublish, finish_call, publish_call
+from shared.scripts import ScriptCall, Scripts
 from shared.settings import Settings
 from worker.engine.outputs import RequestOutput
 from worker.held import STATE_OF_REASON, Held
@@ -31,20 +43,63 @@ class Planned:
 
 @dataclass
 class StepPlan:
-    """What a step sends: ``calls`` in order, and which request each reply is about."""
+    """What a step sends, and which request each reply is about."""
 
     tokens: list[Planned] = field(default_factory=list)
     finishes: list[Planned] = field(default_factory=list)
-    calls: list[ScriptCall] = field(default_factory=list)
+    finish_calls: list[ScriptCall] = field(default_factory=list)
+
+    def calls(self, keys: Keys, one_per_request: bool) -> list[ScriptCall]:
+        events = [token_publish(p.held, p.output) for p in self.tokens]
+        return [*publish_calls(keys, events, one_per_request), *self.finish_calls]
 
     def pair(self, replies: list[Any]) -> list[tuple[Planned, Any]]:
-        """Each planned item with its reply (the publish call answers with a list)."""
-        codes = list(replies[0]) if self.tokens else []
-        finish_replies = replies[1:] if self.tokens else replies
+        """Each planned item with its reply: a publish code, or a finish reply."""
+        num_publish = len(replies) - len(self.finishes)
+        codes = [code for reply in replies[:num_publish] for code in reply]
         return [
             *zip(self.tokens, codes, strict=True),
-            *zip(self.finishes, finish_replies, strict=True),
+            *zip(self.finishes, replies[num_publish:], strict=True),
         ]
+
+
+def send_step(
+    connection: Any, scripts: Scripts, keys: Keys, tag: str, plan: StepPlan
+) -> list[tuple[Planned, Any]]:
+    """One round trip for the step, and one more to settle what ended in it. A finish
+    pairs with its final event's json, or LEASE_LOST."""
+    calls = plan.calls(keys, is_cluster(connection))
+    if not calls:
+        return []
+    pipe = connection.pipeline(transaction=False)
+    for call in calls:
+        scripts.run(call, pipe)
+    pairs = plan.pair(pipe.execute())
+    settle_ended(connection, scripts, keys, tag, [(p.held, r) for p, r in pairs if p.is_finish])
+    return [(p, _final_of(r) if p.is_finish else r) for p, r in pairs]
+
+
+def finish_now(
+    connection: Any, scripts: Scripts, keys: Keys, tag: str, held: Held, call: ScriptCall
+) -> Any:
+    """A finish outside a step: its reply as ``send_step`` pairs it."""
+    reply = scripts.run(call)
+    settle_ended(connection, scripts, keys, tag, [(held, reply)])
+    return _final_of(reply)
+
+
+def settle_ended(
+    connection: Any, scripts: Scripts, keys: Keys, tag: str, finished: list[tuple[Held, Any]]
+) -> None:
+    """Drop the leases of requests whose finish went through, on the model's slot."""
+    moved = [parse_finish(r, h.request_id, h.lease_token) for h, r in finished]
+    ended = [m for m in moved if isinstance(m, Moved)]
+    if ended:
+        scripts.run(settle_call(keys, tag, ended))
+
+
+def _final_of(reply: Any) -> Any:
+    return reply[0] if isinstance(reply, list) else LEASE_LOST
 
 
 def token_publish(held: Held, out: RequestOutput) -> TokenPublish:
@@ -88,11 +143,7 @@ def plan_step(
             plan.tokens.append(Planned(h, out, is_finish=False))
         if out.finish_reason is not None:
             plan.finishes.append(Planned(h, out, is_finish=True))
-    if plan.tokens:
-        plan.calls.append(
-            publish_call(keys, [token_publish(p.held, p.output) for p in plan.tokens])
-        )
-    plan.calls += [
+    plan.finish_calls = [
         end_call(keys, settings, p.held, p.output.finish_reason or FinishReason.STOP, p.output)
         for p in plan.finishes
     ]

@@ -11,19 +11,21 @@ from typing import Any, Protocol
 import redis
 from pydantic import ValidationError
 
+from shared.calls import Claimed
 from shared.connection import UNREACHABLE, Backoff
+from shared.flows import claim_flow, drive, fence_flow
 from shared.keys import REQUEST_ID_RE, Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent
 from shared.priority import FRESH_OFFSET
 from shared.records import stream_event
 from shared.replies import text
-from shared.scripts import Claimed, Scripts, claim_call, parse_claim, release_call
+from shared.scripts import Scripts
 from shared.settings import Settings
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 from worker.held import Held
 from worker.metrics import WorkerMetrics
-from worker.publisher import Planned, end_call, plan_step, settle
+from worker.publisher import Planned, end_call, finish_now, plan_step, send_step, settle
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,8 @@ class WorkerService:
         held = self.held_leases()
         if not held:
             return 0
-        released = int(self.scripts.run(release_call(self.keys, self.tag, held)))
+        flow = fence_flow(self.keys, self.settings, self.tag, held, "release")
+        released = sum(m.fenced for m in drive(self.scripts, flow))
         log.info("handed back %d request(s) to the queue", released)
         with self.held_lock:
             self.held.clear()
@@ -133,12 +136,9 @@ class WorkerService:
         if not self.pending:
             return
         plan = plan_step(self.keys, self.settings, self.held, self.pending)
-        pipe = self.redis.pipeline(transaction=False)
-        for call in plan.calls:
-            self.scripts.run(call, pipe)
-        replies = pipe.execute() if plan.calls else []
+        pairs = send_step(self.redis, self.scripts, self.keys, self.tag, plan)
         self.pending = []
-        for planned, reply in plan.pair(replies):
+        for planned, reply in pairs:
             self._act(planned.held, settle(planned, reply), planned, reply)
 
     def _act(self, held: Held, action: str, planned: Planned, reply: Any) -> None:
@@ -192,8 +192,8 @@ class WorkerService:
         ids = self._valid_ids(self._candidates(room, free))
         if not ids:
             return 0
-        call = claim_call(self.keys, self.settings, self.tag, self.worker_id, ids)
-        claimed = parse_claim(self.scripts.run(call))
+        flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
+        claimed = drive(self.scripts, flow)
         for c in claimed:
             self._admit(c)
         return len(claimed)
@@ -277,7 +277,8 @@ class WorkerService:
     def _end_now(
         self, held: Held, reason: FinishReason, error: str, state: str | None = None
     ) -> None:
-        self.scripts.run(end_call(self.keys, self.settings, held, reason, error=error, state=state))
+        call = end_call(self.keys, self.settings, held, reason, error=error, state=state)
+        finish_now(self.redis, self.scripts, self.keys, self.tag, held, call)
         with self.held_lock:
             self.held.pop(held.request_id, None)
 

@@ -19,12 +19,11 @@ from producer.batch.context import Context
 from producer.batch.lines import BatchLine
 from producer.batch.models import BatchState
 from producer.batch.output import error_line, result_line
-from shared.errors import NotFound, QueueFull, UnknownModel
-from shared.keys import new_request_id
+from shared.errors import NotFound, UnknownModel
+from shared.flows import Enqueued, drive, ended_flow, enqueue_flow
 from shared.models import TENANT, GenerationRequest
 from shared.records import RESULT_FIELDS, decode_hash, result_from_hash
 from shared.replies import text
-from shared.scripts import cancel_call, enqueue_call, parse_enqueue
 
 FAN_OUT_CHUNK = 100
 
@@ -67,11 +66,8 @@ def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
     lines = store.read_lines(ctx, batch_id, cursor, min(room, FAN_OUT_CHUNK))
     tenant = m.get("tenant") or None
     requests = [_request(batch_id, int(m["priority"]), tenant, line) for line in lines]
-    pipe = ctx.redis.pipeline(transaction=False)
-    for req in requests:
-        ctx.scripts.run(enqueue_call(ctx.keys, ctx.settings, new_request_id(req.model), req), pipe)
-    replies = pipe.execute(raise_on_error=True)
-    return _record_fan_out(ctx, batch_id, cursor, lines, replies)
+    enqueued = drive(ctx.scripts, enqueue_flow(ctx.keys, ctx.settings, requests))
+    return _record_fan_out(ctx, batch_id, cursor, lines, enqueued)
 
 
 def _request(
@@ -89,7 +85,7 @@ def _request(
 
 
 def _record_fan_out(
-    ctx: Context, batch_id: str, cursor: int, lines: list[BatchLine], replies: list[Any]
+    ctx: Context, batch_id: str, cursor: int, lines: list[BatchLine], enqueued: list[Enqueued]
 ) -> int:
     """Record what was enqueued; the cursor stops at the first line that did not fit.
     Lines after it that did fit (a worker made room meanwhile) are recorded too, so a
@@ -97,14 +93,14 @@ def _record_fan_out(
     pending: dict[str, str] = {}
     failed: dict[str, bytes] = {}
     taken = len(lines)
-    for i, (line, reply) in enumerate(zip(lines, replies, strict=True)):
-        try:
-            enqueued = parse_enqueue(reply, line.request.model, ctx.settings)
-            pending[line.custom_id] = f"{line.kind}:{enqueued.request_id}"
-        except QueueFull:
+    for i, (line, e) in enumerate(zip(lines, enqueued, strict=True)):
+        if e.refused == "full":
             taken = min(taken, i)  # back off: the next round starts from this line
-        except UnknownModel as e:
-            failed[line.custom_id] = error_line(line.custom_id, "unknown_model", str(e))
+        elif e.refused:
+            message = str(UnknownModel(line.request.model))
+            failed[line.custom_id] = error_line(line.custom_id, "unknown_model", message)
+        else:
+            pending[line.custom_id] = f"{line.kind}:{e.request_id}"
     pipe = ctx.redis.pipeline(transaction=True)
     _hset(pipe, ctx.bkeys.pending(batch_id), pending)
     _hset(pipe, ctx.bkeys.errors(batch_id), failed)
@@ -149,11 +145,8 @@ def _ended(custom_id: str, value: str, raw: list[Any]) -> tuple[bool, bytes] | N
 def cancel_pending(ctx: Context, batch_id: str) -> None:
     """Cancel every line in flight: queued ones go at once, running ones within a step."""
     pending = ctx.redis.hvals(ctx.bkeys.pending(batch_id))
-    pipe = ctx.redis.pipeline(transaction=False)
-    for value in pending:
-        request_id = text(value).split(":", 1)[1]
-        ctx.scripts.run(cancel_call(ctx.keys, ctx.settings, request_id), pipe)
-    pipe.execute()
+    ids = [text(value).split(":", 1)[1] for value in pending]
+    drive(ctx.scripts, ended_flow(ctx.keys, ctx.settings, "cancel", ids))
 
 
 def _finish_if_done(ctx: Context, batch_id: str, cancelling: bool) -> bool:

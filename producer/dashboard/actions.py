@@ -10,10 +10,10 @@ from typing import Any
 import redis.asyncio
 
 from producer.dashboard.errors import Conflict, NotFoundError
+from shared.flows import cancel_flow, drive_async, retry_flow
 from shared.keys import Keys, tag_of
-from shared.reads import parse_cancel
 from shared.replies import text
-from shared.scripts import AsyncScripts, cancel_call, retry_call
+from shared.scripts import AsyncScripts
 from shared.settings import Settings
 
 PURGE_BATCH = 500
@@ -30,11 +30,11 @@ class AsyncAdmin:
 
     async def cancel(self, request_id: str) -> str:
         """'cancelled' (was queued), 'requested' (running: stops within a step) or 'done'."""
-        reply = await self.scripts.run(cancel_call(self.keys, self.settings, request_id))
-        return parse_cancel(reply, request_id)
+        flow = cancel_flow(self.keys, self.settings, request_id)
+        return await drive_async(self.scripts, flow)
 
     async def retry(self, request_id: str) -> None:
-        if not await self.scripts.run(retry_call(self.keys, request_id)):
+        if not await drive_async(self.scripts, retry_flow(self.keys, request_id)):
             raise Conflict(
                 f"request {request_id} is not in the dead-letter set; only dead "
                 "requests can be retried",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import redis.asyncio
 from fastapi import FastAPI
 from starlette.responses import RedirectResponse, Response
 
 from producer.dashboard.config import DashboardConfig, load_config
 from producer.dashboard.routes import create_dashboard_router
+from shared.connection import connect_async
 from shared.settings import Settings, get_settings
 
 PREFIX = "/admin"  # also in producer.dashboard.cli, which must not import this module
@@ -21,7 +21,7 @@ def create_dashboard_app(
 ) -> FastAPI:
     """An app serving only the dashboard, with its own Redis connection pool."""
     settings = settings or get_settings()
-    connection = redis.asyncio.Redis.from_url(settings.redis_url)
+    connection = connect_async(settings.redis_url, settings.redis_cluster)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -17,11 +17,12 @@ from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.registry import ModelRegistry
 from producer.requests import validate_request
 from shared.errors import NotFound
-from shared.keys import Keys, new_request_id
+from shared.flows import accepted, cancel_flow, drive_async, enqueue_flow
+from shared.keys import Keys
 from shared.models import TENANT, GenerationRequest, RequestStatus, Result
-from shared.reads import parse_cancel, run_read_async, view_read
+from shared.reads import run_read_async, view_read
 from shared.replies import text
-from shared.scripts import AsyncScripts, cancel_call, enqueue_call, parse_enqueue
+from shared.scripts import AsyncScripts
 from shared.settings import Settings
 
 
@@ -54,8 +55,9 @@ class Backend:
         """Enqueue ``request``; UnknownModel (404) for a model no worker has served lately
         (the enqueue script decides, per TOKENQ_REQUIRE_KNOWN_MODEL)."""
         request = validate_request(self.settings, request)
-        call = enqueue_call(self.keys, self.settings, new_request_id(request.model), request)
-        enqueued = parse_enqueue(await self._scripts.run(call), request.model, self.settings)
+        flow = enqueue_flow(self.keys, self.settings, [request])
+        (enqueued,) = await drive_async(self._scripts, flow)
+        accepted([enqueued], [request], self.settings)
         if not enqueued.duplicate:
             self.metrics.accepted(request.model, request.priority, api)
         return Submitted(enqueued.request_id, enqueued.duplicate, request)
@@ -78,8 +80,8 @@ class Backend:
         if scope is not None:  # a request's tenant never changes, so check it first
             owner = await self.redis.hget(self.keys.request(request_id), TENANT)
             _require_owner(request_id, None if owner is None else text(owner), scope)
-        reply = await self._scripts.run(cancel_call(self.keys, self.settings, request_id))
-        return parse_cancel(reply, request_id)
+        flow = cancel_flow(self.keys, self.settings, request_id)
+        return await drive_async(self._scripts, flow)
 
     async def events(self, request_id: str, after: str = "0-0") -> AsyncIterator[list[Entry]]:
         """The request's stream after ``after`` in batches, through its final event. An

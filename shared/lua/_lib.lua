@@ -1,42 +1,52 @@
 -- Helpers prepended to every script (after MAX_PRIORITY, SCORE_BAND and FRESH_OFFSET,
 -- which come from shared/priority.py). Timestamps come from Redis's own clock so
 -- that producers and workers on different hosts agree.
+--
+-- How a request's state is kept across two hash slots (DESIGN: "Redis data model").
+-- The request hash, on the request's slot, is the authority: its 'state' and its
+-- 'lease_token' say who may write. The model's keys (queue, leases, owners, scores,
+-- deadlines, dead letters, history), on the model's slot, are an index of it that
+-- may briefly lag. So every change that spans both runs as two one-slot scripts, the
+-- request's first ("fence on the request's shard, then move the id on the model's"):
+--   * A queue entry is only a hint: start.lua runs a request only if its hash still
+--     says 'queued' and the claim is newer than any revoked one, so a stale entry
+--     (left by a crash, a cancel or a retried enqueue) is dropped at claim, never run.
+--   * Lease tokens carry a generation (INCR of the model's seq counter). fence.lua
+--     records the generation it revokes in 'lease_gen', so a claim whose start was
+--     delayed past its reaping can never start later.
+--   * settle.lua, the model step after finish, fence, start or cancel, is fenced by
+--     the owners entry and idempotent: if a process dies before it runs, the lease
+--     stays and expires, and the reaper's fence + settle finish the job from the
+--     hash's state. Nothing accepted is lost and nothing is written twice.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function secs_between(h, from_field, to_ms)
-  local from = redis.call('HGET', h, from_field)
+-- The generation of a lease token ('<worker>:<generation>').
+local function token_gen(token)
+  return tonumber(string.match(token, ':(%d+)$') or '0')
+end
+
+local function secs_between(from, to_ms)
   if not from or not to_ms then return cjson.null end
   return (tonumber(to_ms) - tonumber(from)) / 1000.0
 end
 
 -- Timings of a request hash as seen at finished_ms.
 local function timings(h, finished_ms)
-  local started = redis.call('HGET', h, 'started_ms')
-  local first = redis.call('HGET', h, 'first_token_ms')
+  local created, started, first = unpack(redis.call('HMGET', h, 'created_ms', 'started_ms',
+    'first_token_ms'))
   return {
-    queued_s = secs_between(h, 'created_ms', started or finished_ms),
-    ttft_s = secs_between(h, 'created_ms', first),
-    total_s = secs_between(h, 'created_ms', finished_ms),
+    queued_s = secs_between(created, started or finished_ms),
+    ttft_s = secs_between(created, first),
+    total_s = secs_between(created, finished_ms),
   }
 end
 
--- Bounded indexes of ended requests, for dashboards: all of them, and the failed.
-local HISTORY_MAX = 1000
-local function remember(history, id, state, at_ms)
-  redis.call('ZADD', history[1], at_ms, id)
-  redis.call('ZREMRANGEBYRANK', history[1], 0, -HISTORY_MAX - 1)
-  if state == 'failed' or state == 'dead' then
-    redis.call('ZADD', history[2], at_ms, id)
-    redis.call('ZREMRANGEBYRANK', history[2], 0, -HISTORY_MAX - 1)
-  end
-end
-
--- End a request: final event on its stream, terminal state, expiry, notification.
--- history: {recent index key, failed index key}
-local function finalize(h, stream, history, id, state, final_json, finished_ms, ttl_s, channel)
+-- End a request on its own slot: final event on its stream, terminal state, expiry,
+-- notification. The model's indexes learn of it from settle.lua.
+local function finalize(h, stream, id, state, final_json, finished_ms, ttl_s, channel)
   local final = cjson.decode(final_json)
   final['timings'] = timings(h, finished_ms)
   local encoded = cjson.encode(final)
@@ -47,8 +57,14 @@ local function finalize(h, stream, history, id, state, final_json, finished_ms, 
   redis.call('EXPIRE', h, ttl_s)
   redis.call('EXPIRE', stream, ttl_s)
   redis.call('PUBLISH', channel, cjson.encode({event = state, id = id}))
-  remember(history, id, state, finished_ms)
   return encoded
+end
+
+-- Keep a dead-lettered request (and its stream) until an operator retries or purges it.
+local function keep_dead(h, stream, reason)
+  redis.call('HSET', h, 'dead_reason', reason)
+  redis.call('PERSIST', h)
+  redis.call('PERSIST', stream)
 end
 
 -- A queue score (see shared/priority.py): work put back after its worker died or
@@ -63,14 +79,6 @@ end
 local function wake(wakeup)
   redis.call('LPUSH', wakeup, '1')
   redis.call('LTRIM', wakeup, 0, 0)
-end
-
--- Put a running request back in the queue, ahead of new work, with no worker.
-local function put_back(h, queue, id)
-  local priority, seq = unpack(redis.call('HMGET', h, 'priority', 'seq'))
-  redis.call('ZADD', queue, queue_score(priority, seq, true), id)
-  redis.call('HSET', h, 'state', 'queued')
-  redis.call('HDEL', h, 'worker', 'lease_token')
 end
 
 -- The final event of a request that ends before producing anything.

@@ -1,16 +1,17 @@
--- publish: append one engine step's token events, one per request, each fenced by
--- its request's lease and made idempotent by its token index, so a pipeline retried
--- after a lost connection never writes a token twice. One call per step, whatever
--- the batch size.
--- KEYS[1] owners   KEYS[2i], KEYS[2i + 1]: request hash and stream of event i (i from 1)
+-- publish: append token events, each fenced by its request's lease token (kept in
+-- the request hash, so a token touches only its request's slot) and made idempotent
+-- by its token index, so a pipeline retried after a lost connection never writes a
+-- token twice. On Redis Cluster one call per request; on one Redis one per step.
+-- KEYS[2i - 1], KEYS[2i]: request hash and stream of event i (i from 1)
 -- ARGV[5i - 4 .. 5i]: id, lease token, event json, number of new tokens, index of the
 -- event's first token
 -- Returns one code per event: 0 lease lost (nothing written) | 1 published (or already
 -- was) | 2 published and a cancel was requested | 3 gap: the stream holds fewer tokens
 -- than the index (nothing written)
-local function publish_one(h, stream, id, token, event, num_tokens, index)
-  if redis.call('HGET', KEYS[1], id) ~= token then return 0 end
-  local published, cancel = unpack(redis.call('HMGET', h, 'num_generated', 'cancel'))
+local function publish_one(h, stream, token, event, num_tokens, index)
+  local holder, published, cancel = unpack(redis.call('HMGET', h, 'lease_token',
+    'num_generated', 'cancel'))
+  if holder ~= token then return 0 end
   published = tonumber(published or '0')
   if index > published then return 3 end
   if index == published then
@@ -23,9 +24,9 @@ local function publish_one(h, stream, id, token, event, num_tokens, index)
 end
 
 local out = {}
-for i = 1, (#KEYS - 1) / 2 do
+for i = 1, #KEYS / 2 do
   local a = 5 * i - 4
-  out[i] = publish_one(KEYS[2 * i], KEYS[2 * i + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2],
+  out[i] = publish_one(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2],
     tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
 end
 return out

@@ -82,8 +82,8 @@ def test_a_command_that_cannot_reach_redis_says_so_in_one_line(command: list[str
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (["--max-num-seqs", "0"], "max_num_seqs must be at least 1, got 0"),
-        (["--kv-cache-mib", "0"], "kv_cache_mib must be at least 1"),
+        (["--max-num-seqs", "0"], "max_num_seqs must be an integer of at least 1, got 0"),
+        (["--kv-cache-mib", "0"], "kv_cache_mib must be an integer of at least 1"),
     ],
 )
 def test_a_worker_setting_the_engine_cannot_run_with_is_refused_before_anything_starts(

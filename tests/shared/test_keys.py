@@ -1,15 +1,41 @@
 import pytest
+from redis.crc import key_slot
 
 from shared.errors import InvalidRequest
-from shared.keys import Keys, model_tag, new_request_id, tag_of
+from shared.keys import (
+    REQUEST_TAG_CHARS,
+    Keys,
+    idempotency_digest,
+    model_tag,
+    new_request_id,
+    request_tag,
+    tag_of,
+)
 
 
-def test_request_keys_share_the_model_hash_tag() -> None:
+def test_model_keys_share_the_model_tag_and_request_keys_their_own() -> None:
     keys = Keys("ns")
     rid = new_request_id("my-model")
     tag = model_tag("my-model")
-    for key in (keys.request(rid), keys.stream(rid), keys.queue(tag), keys.leases(tag)):
+    for key in (keys.queue(tag), keys.leases(tag), keys.owners(tag), keys.dead(tag)):
         assert key.startswith(f"ns:{{{tag}}}:")
+    for key in (keys.request(rid), keys.stream(rid)):
+        assert key.startswith(f"ns:{{{request_tag(rid)}}}:")
+    assert tag_of(rid) == tag
+
+
+def test_an_idempotent_request_shares_the_slot_of_its_key() -> None:
+    digest = idempotency_digest("m", "order-17", "acme")
+    rid = new_request_id("m", digest[:REQUEST_TAG_CHARS])
+    keys = Keys()
+    assert key_slot(keys.idempotency(digest).encode()) == key_slot(keys.request(rid).encode())
+    assert idempotency_digest("m", "order-17", "beta") != digest
+
+
+def test_requests_of_one_model_spread_over_the_slots() -> None:
+    keys = Keys()
+    slots = {key_slot(keys.stream(new_request_id("m")).encode()) for _ in range(2000)}
+    assert len(slots) > 1800
 
 
 def test_namespaces_keep_deployments_apart() -> None:
@@ -18,7 +44,17 @@ def test_namespaces_keep_deployments_apart() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "x", "../../etc", "0123abcd-zz", "0123abcd-" + "0" * 23, "tokenq:*", "a b"]
+    "bad",
+    [
+        "",
+        "x",
+        "../../etc",
+        "0123abcd-zz",
+        "0123abcd-" + "0" * 23,
+        "0123abcd-" + "0" * 25,
+        "tokenq:*",
+        "a b",
+    ],
 )
 def test_malformed_ids_never_become_keys(bad: str) -> None:
     with pytest.raises(InvalidRequest, match="malformed request id"):

@@ -7,11 +7,12 @@ import time
 import redis
 
 from producer.client import Client
+from shared.flows import drive, fence_flow, retry_flow
 from shared.keys import Keys
 from shared.models import FinishReason, RequestState
-from shared.reaper import reap_once
+from shared.reaper import Reaped, reap_once
 from shared.replies import text
-from shared.scripts import Reaped, Scripts, release_call, retry_call
+from shared.scripts import Scripts
 from tests.shared.test_scripts import TAG, claim
 
 
@@ -74,23 +75,23 @@ def test_release_hands_back_without_spending_an_attempt(client: Client) -> None:
     h = client.submit("a")
     (c,) = claim(client.redis, client.settings, 1)
     scripts = Scripts(client.redis)
-    released = scripts.run(release_call(client.keys, TAG, {c.request_id: c.lease_token}))
-    assert released == 1
+    flow = fence_flow(client.keys, client.settings, TAG, {c.request_id: c.lease_token}, "release")
+    assert [(m.state, m.fenced) for m in drive(scripts, flow)] == [("queued", True)]
     status = h.status()
     assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
-    stale = scripts.run(release_call(client.keys, TAG, {c.request_id: c.lease_token}))
-    assert stale == 0
+    flow = fence_flow(client.keys, client.settings, TAG, {c.request_id: c.lease_token}, "release")
+    assert [m.fenced for m in drive(scripts, flow)] == [False]
 
 
 def test_retry_runs_a_dead_request_again_from_the_start(client: Client) -> None:
     h = client.submit("again")
     kill_every_attempt(client, h.id)
     scripts = Scripts(client.redis)
-    assert scripts.run(retry_call(client.keys, h.id)) == 1
+    assert drive(scripts, retry_flow(client.keys, h.id))
     status = h.status()
     assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
     assert client.redis.xlen(Keys().stream(h.id)) == 0
-    assert scripts.run(retry_call(client.keys, h.id)) == 0
+    assert not drive(scripts, retry_flow(client.keys, h.id))
 
 
 def test_ended_requests_are_indexed_for_dashboards(client: Client) -> None:

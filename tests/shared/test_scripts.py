@@ -9,21 +9,23 @@ import pytest
 import redis
 
 from producer.client import Client
+from shared.calls import (
+    Claimed,
+    TokenPublish,
+    finish_call,
+    parse_finish,
+    publish_calls,
+    renew_call,
+    settle_call,
+)
+from shared.connection import is_cluster
 from shared.errors import QueueFull
+from shared.flows import claim_flow, drive
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent, dumps
 from shared.priority import queue_score
 from shared.replies import text
-from shared.scripts import (
-    Claimed,
-    Scripts,
-    TokenPublish,
-    claim_call,
-    finish_call,
-    parse_claim,
-    publish_call,
-    renew_call,
-)
+from shared.scripts import Scripts
 from shared.settings import Settings
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -33,7 +35,7 @@ TAG = model_tag(MODEL)
 def claim(r: redis.Redis, settings: Settings, n: int, worker: str = "w1") -> list[Claimed]:
     keys = Keys(settings.namespace)
     ids = [text(i) for i in r.zrange(keys.queue(TAG), 0, n - 1)]
-    return parse_claim(Scripts(r).run(claim_call(keys, settings, TAG, worker, ids))) if ids else []
+    return drive(Scripts(r), claim_flow(keys, settings, TAG, worker, ids)) if ids else []
 
 
 def test_higher_priority_first_and_fifo_within_a_priority(client: Client) -> None:
@@ -47,8 +49,7 @@ def test_higher_priority_first_and_fifo_within_a_priority(client: Client) -> Non
 def test_scripts_score_the_queue_as_queue_score_says(client: Client) -> None:
     handles = [client.submit("a", priority="low"), client.submit("b", priority=99)]
     keys = Keys()
-    for h, priority in zip(handles, (25, 99), strict=True):
-        seq = int(client.redis.hget(keys.request(h.id), "seq") or 0)
+    for h, priority, seq in zip(handles, (25, 99), (1, 2), strict=True):
         assert client.redis.zscore(keys.queue(TAG), h.id) == queue_score(priority, seq)
 
 
@@ -89,8 +90,8 @@ def test_a_request_is_claimed_once_even_when_two_workers_race(client: Client) ->
     keys, s = client.keys, client.settings
     ids = [text(i) for i in client.redis.zrange(keys.queue(TAG), 0, 0)]
     scripts = Scripts(client.redis)
-    first = parse_claim(scripts.run(claim_call(keys, s, TAG, "w1", ids)))
-    second = parse_claim(scripts.run(claim_call(keys, s, TAG, "w2", ids)))
+    first = drive(scripts, claim_flow(keys, s, TAG, "w1", ids))
+    second = drive(scripts, claim_flow(keys, s, TAG, "w2", ids))
     assert len(first) == 1 and second == []
     status = client.handle(ids[0]).status()
     assert (status.state, status.worker, status.attempts) == (RequestState.RUNNING, "w1", 1)
@@ -107,8 +108,10 @@ def test_claim_expires_a_request_whose_deadline_passed(client: Client) -> None:
 
 def _publish(r: redis.Redis, c: Claimed, index: int, text: str) -> int:
     event = dumps(TokenEvent(index=index, token_ids=(index,), text=text))
-    call = publish_call(Keys(), [TokenPublish(c.request_id, c.lease_token, event, index, 1)])
-    (code,) = Scripts(r).run(call)
+    calls = publish_calls(
+        Keys(), [TokenPublish(c.request_id, c.lease_token, event, index, 1)], True
+    )
+    (code,) = Scripts(r).run(calls[0])
     return int(code)
 
 
@@ -116,7 +119,11 @@ def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> Any:
     final = dumps(FinalEvent(finish_reason=FinishReason.LENGTH))
     output = f'{{"text": "{text}", "token_ids": {list(range(n))}}}'.encode()
     call = finish_call(Keys(), s, c.request_id, c.lease_token, final, output, "finished")
-    return Scripts(r).run(call)
+    reply = Scripts(r).run(call)
+    moved = parse_finish(reply, c.request_id, c.lease_token)
+    if moved is not None:
+        Scripts(r).run(settle_call(Keys(), TAG, [moved]))
+    return reply[0] if moved is not None else reply
 
 
 def test_publish_and_finish_build_the_stream_and_result(client: Client) -> None:
@@ -162,13 +169,13 @@ def test_cancel_removes_a_queued_request_at_once(client: Client) -> None:
     assert h.result(timeout=1).finish_reason is FinishReason.CANCELLED
 
 
-def test_cancel_of_a_running_request_is_seen_by_publish_and_renew(client: Client) -> None:
+def test_cancel_of_a_running_request_is_seen_by_publish(client: Client) -> None:
     h = client.submit("hi")
     (c,) = claim(client.redis, client.settings, 1)
     assert h.cancel() == "requested"
     assert _publish(client.redis, c, 0, "x") == 2
     call = renew_call(client.keys, client.settings, TAG, {c.request_id: c.lease_token})
-    assert list(Scripts(client.redis).run(call)) == [2]
+    assert list(Scripts(client.redis).run(call)) == [1]
 
 
 def test_renew_extends_only_leases_still_held(client: Client) -> None:
@@ -187,8 +194,10 @@ def test_one_publish_call_serves_a_whole_step_with_a_code_per_request(client: Cl
     items = [TokenPublish(c.request_id, c.lease_token, event, 0, 1) for c in claimed]
     items[1] = TokenPublish(claimed[1].request_id, "stale:1", event, 0, 1)
     items.append(TokenPublish(claimed[2].request_id, claimed[2].lease_token, event, 5, 1))
-    codes = Scripts(client.redis).run(publish_call(Keys(), items))
-    assert list(codes) == [1, 0, 1, 3]
+    # One call for the step on one Redis; one per request on a cluster (one slot each).
+    calls = publish_calls(Keys(), items, one_per_request=is_cluster(client.redis))
+    codes = [code for call in calls for code in Scripts(client.redis).run(call)]
+    assert codes == [1, 0, 1, 3]
     by_id = {h.id: h for h in handles}
     assert [by_id[c.request_id].status().num_generated for c in claimed] == [1, 0, 1]
 

@@ -150,7 +150,7 @@ def test_a_worker_that_lost_its_lease_publishes_nothing_more(
     client, service, _engine = setup
     h = client.submit("p", model=MODEL, max_tokens=10)
     service.iterate()
-    fake_redis.hset(Keys().owners(model_tag(MODEL)), h.id, "w2:2")  # another worker took it
+    fake_redis.hset(Keys().request(h.id), "lease_token", "w2:2")  # another worker took it
     service.iterate()
     service.run(burst=True)
     assert fake_redis.xlen(Keys().stream(h.id)) == 1

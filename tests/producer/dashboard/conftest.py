@@ -19,17 +19,11 @@ from fastapi import FastAPI
 from producer.client import Client
 from producer.dashboard.config import DashboardConfig
 from producer.dashboard.routes import create_dashboard_router
+from shared.calls import Claimed, TokenPublish, finish_call, publish_calls
+from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, TokenEvent, dumps
-from shared.scripts import (
-    Claimed,
-    Scripts,
-    TokenPublish,
-    claim_call,
-    finish_call,
-    parse_claim,
-    publish_call,
-)
+from shared.scripts import Scripts
 from shared.settings import Settings
 from tests.conftest import serve
 
@@ -59,13 +53,14 @@ class World:
         return [h.id for h in handles]
 
     def claim(self, worker_id: str, *ids: str) -> list[Claimed]:
-        call = claim_call(self.keys, self.settings, model_tag(MODEL), worker_id, list(ids))
-        return parse_claim(self.scripts.run(call))
+        flow = claim_flow(self.keys, self.settings, model_tag(MODEL), worker_id, list(ids))
+        return drive(self.scripts, flow)
 
     def publish(self, claimed: Claimed, text: str, index: int = 0) -> None:
         event = TokenEvent(index=index, token_ids=(index + 1,), text=text)
         publish = TokenPublish(claimed.request_id, claimed.lease_token, dumps(event), index, 1)
-        self.scripts.run(publish_call(self.keys, [publish]))
+        (call,) = publish_calls(self.keys, [publish], one_per_request=True)
+        self.scripts.run(call)
 
     def finish(self, claimed: Claimed, reason: FinishReason, state: str = "finished") -> None:
         final = dumps(
@@ -75,7 +70,7 @@ class World:
         call = finish_call(
             self.keys, self.settings, claimed.request_id, claimed.lease_token, final, output, state
         )
-        self.scripts.run(call)
+        drive(self.scripts, finish_flow(self.keys, call))
 
     def register_worker(self, worker_id: str, alive: bool = True, **fields: Any) -> None:
         info = {

@@ -3,8 +3,8 @@ from __future__ import annotations
 import time
 
 from producer.dashboard.queues import known_models, queue_stats
+from shared.flows import drive, fence_flow
 from shared.keys import model_tag
-from shared.scripts import release_call
 from tests.producer.dashboard.conftest import MODEL, World
 
 
@@ -53,7 +53,9 @@ async def test_a_requeued_request_counts_as_the_oldest(world: World) -> None:
     time.sleep(0.3)
     world.submit(1)
     [claimed] = world.claim("w1", first)
-    world.scripts.run(release_call(world.keys, model_tag(MODEL), {first: claimed.lease_token}))
+    held = {first: claimed.lease_token}
+    flow = fence_flow(world.keys, world.settings, model_tag(MODEL), held, "release")
+    drive(world.scripts, flow)
     stats = await _stats(world)
     [normal] = stats["priorities"]  # type: ignore[misc]
     assert normal["depth"] == 2  # type: ignore[has-type]

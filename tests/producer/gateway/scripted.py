@@ -10,18 +10,12 @@ from dataclasses import dataclass, field
 
 import redis
 
+from shared.calls import Claimed, TokenPublish, finish_call, publish_calls
+from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent, Usage, dumps
 from shared.registry import mark_served
-from shared.scripts import (
-    Claimed,
-    Scripts,
-    TokenPublish,
-    claim_call,
-    finish_call,
-    parse_claim,
-    publish_call,
-)
+from shared.scripts import Scripts
 from shared.settings import Settings
 
 MODEL = "test-model"
@@ -113,7 +107,8 @@ class ScriptedWorker:
         runs = list(self.running.values())
         if not runs:
             return
-        codes = self.scripts.run(publish_call(self.keys, [self._event(r) for r in runs]))
+        (call,) = publish_calls(self.keys, [self._event(r) for r in runs], one_per_request=False)
+        codes = self.scripts.run(call)
         for run, code in zip(runs, codes, strict=True):
             run.num_sent += 1
             if int(code) == 2:
@@ -128,8 +123,8 @@ class ScriptedWorker:
         ids = [i.decode() for i in queued]
         if room <= 0 or not ids:
             return
-        call = claim_call(self.keys, self.settings, self.tag, self.worker_id, ids)
-        for c in parse_claim(self.scripts.run(call)):
+        flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
+        for c in drive(self.scripts, flow):
             request = GenerationRequest.model_validate_json(c.payload)
             self.running[c.request_id] = _Running(c, request, c.num_generated)
 
@@ -148,7 +143,7 @@ class ScriptedWorker:
         call = finish_call(
             self.keys, self.settings, c.request_id, c.lease_token, final, output, state
         )
-        self.scripts.run(call)
+        drive(self.scripts, finish_flow(self.keys, call))
         del self.running[c.request_id]
 
 

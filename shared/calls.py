@@ -1,0 +1,249 @@
+"""Each script call built by a pure function, and its reply parsed by another, so the
+sync and asyncio clients, the gateway and the worker share one definition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shared.keys import Keys, model_tag, request_tag, tag_of
+from shared.models import GenerationRequest, dumps
+from shared.replies import text
+from shared.scripts import ScriptCall
+from shared.settings import Settings
+
+
+@dataclass(frozen=True)
+class Claimed:
+    request_id: str
+    lease_token: str
+    payload: str
+    attempts: int
+    num_generated: int
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What a one-slot step on a request's slot made of it, for settle.lua."""
+
+    request_id: str
+    lease_token: str  # '' for a request no worker held
+    state: str
+    finished_ms: str = ""
+    fenced: bool = False  # fence.lua took it from its lease token in this call
+
+
+def admit_call(
+    keys: Keys, settings: Settings, request_id: str, req: GenerationRequest, digest: str | None
+) -> ScriptCall:
+    return ScriptCall(
+        "admit",
+        [keys.request(request_id), _idempotency_key(keys, request_id, digest)],
+        [
+            request_id,
+            dumps(req).decode(),
+            "" if digest is None else "1",
+            settings.idempotency_ttl_s,
+            req.model,
+            int(req.priority),
+            "" if req.deadline_ms is None else req.deadline_ms,
+            req.tenant or "",
+        ],
+    )
+
+
+def enqueue_call(
+    keys: Keys, settings: Settings, request_id: str, req: GenerationRequest
+) -> ScriptCall:
+    tag = model_tag(req.model)
+    return ScriptCall(
+        "enqueue",
+        [
+            keys.queue(tag),
+            keys.seq(tag),
+            keys.wakeup(tag),
+            keys.deadlines(tag),
+            keys.served(tag),
+            keys.owners(tag),
+        ],
+        [
+            request_id,
+            int(req.priority),
+            settings.max_queued,
+            "" if req.deadline_ms is None else req.deadline_ms,
+            req.model,
+            keys.lifecycle_channel(),
+            "1" if settings.require_known_model else "0",
+        ],
+    )
+
+
+def withdraw_call(keys: Keys, request_id: str, digest: str | None) -> ScriptCall:
+    idem = _idempotency_key(keys, request_id, digest)
+    return ScriptCall("withdraw", [keys.request(request_id), idem], [request_id])
+
+
+def _idempotency_key(keys: Keys, request_id: str, digest: str | None) -> str:
+    """The request's idempotency key; without one, a name on the request's slot that the
+    scripts never write (KEYS must name it all the same)."""
+    return keys.idempotency(digest or request_tag(request_id).ljust(64, "-"))
+
+
+def claim_call(
+    keys: Keys, settings: Settings, tag: str, worker_id: str, ids: list[str]
+) -> ScriptCall:
+    return ScriptCall(
+        "claim",
+        [keys.queue(tag), keys.leases(tag), keys.owners(tag), keys.scores(tag), keys.seq(tag)],
+        [worker_id, settings.lease_ms, *ids],
+    )
+
+
+def parse_claim(reply: list[Any]) -> list[tuple[str, str]]:
+    """(id, lease token) of each leased request."""
+    return [(text(reply[i]), text(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def start_call(
+    keys: Keys, settings: Settings, request_id: str, token: str, worker_id: str
+) -> ScriptCall:
+    return ScriptCall(
+        "start",
+        [keys.request(request_id), keys.stream(request_id)],
+        [request_id, token, worker_id, settings.result_ttl_s, keys.lifecycle_channel()],
+    )
+
+
+def parse_start(reply: list[Any], request_id: str, token: str) -> Claimed | Moved:
+    if text(reply[0]) == "started":
+        return Claimed(request_id, token, text(reply[1]), int(reply[2]), int(reply[3]))
+    return Moved(request_id, token, text(reply[0]), text(reply[1]))
+
+
+@dataclass(frozen=True)
+class TokenPublish:
+    """One request's token event within a step."""
+
+    request_id: str
+    lease_token: str
+    event_json: bytes
+    index: int
+    num_tokens: int
+
+
+def publish_calls(
+    keys: Keys, events: list[TokenPublish], one_per_request: bool
+) -> list[ScriptCall]:
+    """A step's token events: one call per request on a cluster (each call touches one
+    slot), or one call for the whole step on one Redis (one round of script overhead)."""
+    groups = [[e] for e in events] if one_per_request else [events]
+    return [_publish_call(keys, group) for group in groups if group]
+
+
+def _publish_call(keys: Keys, events: list[TokenPublish]) -> ScriptCall:
+    per_event = [k for e in events for k in (keys.request(e.request_id), keys.stream(e.request_id))]
+    args = [
+        a
+        for e in events
+        for a in (e.request_id, e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
+    ]
+    return ScriptCall("publish", per_event, args)
+
+
+def finish_call(
+    keys: Keys,
+    settings: Settings,
+    request_id: str,
+    token: str,
+    final_json: bytes,
+    output_json: bytes,
+    state: str,
+) -> ScriptCall:
+    return ScriptCall(
+        "finish",
+        [keys.request(request_id), keys.stream(request_id)],
+        [
+            request_id,
+            token,
+            final_json.decode(),
+            output_json.decode(),
+            state,
+            settings.result_ttl_s,
+            keys.lifecycle_channel(),
+        ],
+    )
+
+
+def parse_finish(reply: Any, request_id: str, token: str) -> Moved | None:
+    """What to settle, or None when the lease was lost (nothing written)."""
+    if not isinstance(reply, list):
+        return None
+    return Moved(request_id, token, text(reply[1]), text(reply[2]))
+
+
+def fence_call(
+    keys: Keys, settings: Settings, request_id: str, token: str, mode: str
+) -> ScriptCall:
+    return ScriptCall(
+        "fence",
+        [keys.request(request_id), keys.stream(request_id)],
+        [
+            request_id,
+            token,
+            mode,
+            settings.max_attempts,
+            settings.result_ttl_s,
+            keys.lifecycle_channel(),
+        ],
+    )
+
+
+def request_step_call(keys: Keys, settings: Settings, script: str, request_id: str) -> ScriptCall:
+    """cancel.lua or expire.lua: the same KEYS and ARGV."""
+    return ScriptCall(
+        script,
+        [keys.request(request_id), keys.stream(request_id)],
+        [request_id, settings.result_ttl_s, keys.lifecycle_channel()],
+    )
+
+
+def parse_moved(reply: list[Any], request_id: str, token: str = "") -> Moved:
+    fenced = len(reply) > 2 and text(reply[2]) == "1"
+    return Moved(request_id, token, text(reply[0]), text(reply[1]), fenced)
+
+
+def settle_call(keys: Keys, tag: str, moved: list[Moved]) -> ScriptCall:
+    quads = [x for m in moved for x in (m.request_id, m.lease_token, m.state, m.finished_ms)]
+    return ScriptCall(
+        "settle",
+        [
+            keys.leases(tag),
+            keys.owners(tag),
+            keys.scores(tag),
+            keys.queue(tag),
+            keys.wakeup(tag),
+            keys.deadlines(tag),
+            keys.dead(tag),
+            keys.recent(tag),
+            keys.failed(tag),
+        ],
+        [keys.lifecycle_channel(), *quads],
+    )
+
+
+def renew_call(keys: Keys, settings: Settings, tag: str, held: dict[str, str]) -> ScriptCall:
+    pairs = [x for item in held.items() for x in item]
+    return ScriptCall("renew", [keys.leases(tag), keys.owners(tag)], [settings.lease_ms, *pairs])
+
+
+def reset_call(keys: Keys, request_id: str) -> ScriptCall:
+    return ScriptCall("reset", [keys.request(request_id), keys.stream(request_id)], [])
+
+
+def retry_call(keys: Keys, request_id: str, priority: str) -> ScriptCall:
+    tag = tag_of(request_id)
+    return ScriptCall(
+        "retry",
+        [keys.dead(tag), keys.queue(tag), keys.seq(tag), keys.wakeup(tag)],
+        [request_id, priority, keys.lifecycle_channel()],
+    )

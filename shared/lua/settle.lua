@@ -1,0 +1,56 @@
+-- settle (step 2 of 2, the model's slot): move ids on the model's keys after a
+-- one-slot step on their own slots (finish, fence, start, cancel, expire) said
+-- what became of them. Fenced by the lease token in owners, and idempotent, so a
+-- repeat after a crash changes nothing.
+-- KEYS[1] leases   KEYS[2] owners   KEYS[3] scores   KEYS[4] queue   KEYS[5] wakeup list
+-- KEYS[6] deadlines   KEYS[7] dead-letter set   KEYS[8] recent index   KEYS[9] failed index
+-- ARGV[1] lifecycle channel   then quads ARGV[4i - 2 .. 4i + 1]: id, lease token ('' for
+-- a request no worker held: a cancel or expiry while queued), its state, finished ms or ''
+-- State 'queued' with a token puts the id back ahead of new work (its resumed score);
+-- a terminal state drops it from the queue and deadlines and files it in history.
+-- Returns the number of ids moved.
+local TERMINAL = {finished = true, failed = true, cancelled = true, expired = true, dead = true}
+local HISTORY_MAX = 1000
+
+local function remember(id, state, at_ms)
+  redis.call('ZADD', KEYS[8], at_ms, id)
+  redis.call('ZREMRANGEBYRANK', KEYS[8], 0, -HISTORY_MAX - 1)
+  if state == 'failed' or state == 'dead' then
+    redis.call('ZADD', KEYS[9], at_ms, id)
+    redis.call('ZREMRANGEBYRANK', KEYS[9], 0, -HISTORY_MAX - 1)
+  end
+end
+
+-- Drop a lease; returns its resumed queue score, or nil when the token no longer holds it.
+local function unlease(id, token)
+  if redis.call('HGET', KEYS[2], id) ~= token then return nil end
+  local score = redis.call('HGET', KEYS[3], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('ZREM', KEYS[1], id)
+  return score or '0'
+end
+
+local moved, woken = 0, false
+for a = 2, #ARGV, 4 do
+  local id, token, state, at_ms = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local score = nil
+  if token ~= '' then score = unlease(id, token) end
+  if token == '' or score then
+    if state == 'queued' and score then
+      redis.call('ZADD', KEYS[4], score, id)
+      redis.call('PUBLISH', ARGV[1], cjson.encode({event = 'requeued', id = id}))
+      woken = true
+    elseif TERMINAL[state] then
+      redis.call('ZREM', KEYS[4], id)
+      redis.call('ZREM', KEYS[6], id)
+      if at_ms ~= '' then
+        remember(id, state, tonumber(at_ms))
+        if state == 'dead' then redis.call('ZADD', KEYS[7], at_ms, id) end
+      end
+    end
+    moved = moved + 1
+  end
+end
+if woken then wake(KEYS[5]) end
+return moved
