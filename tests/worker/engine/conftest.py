@@ -64,3 +64,10 @@ def tokenizer(model_path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs the real model is slow (``make test-fast`` leaves it out)."""
+    for item in items:
+        if "make_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
