@@ -144,7 +144,14 @@ def plan_step(
         if out.finish_reason is not None:
             plan.finishes.append(Planned(h, out, is_finish=True))
     plan.finish_calls = [
-        end_call(keys, settings, p.held, p.output.finish_reason or FinishReason.STOP, p.output)
+        end_call(
+            keys,
+            settings,
+            p.held,
+            p.output.finish_reason or FinishReason.STOP,
+            p.output,
+            error=p.output.error,
+        )
         for p in plan.finishes
     ]
     return plan

@@ -20,6 +20,8 @@ class ScriptedEngine:
     running: dict[str, EngineRequest] = field(default_factory=dict)
     aborted: dict[str, FinishReason] = field(default_factory=dict)
     added: list[str] = field(default_factory=list)
+    # Requests to end at their next step with FinishReason.ERROR and this message.
+    failing: dict[str, str] = field(default_factory=dict)
     max_prompt_tokens: int = 1000
 
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -53,6 +55,11 @@ class ScriptedEngine:
 
     def _advance(self, req: EngineRequest) -> RequestOutput:
         n = len(req.output_token_ids)
+        if req.request_id in self.failing:
+            del self.running[req.request_id]
+            output = self._output(req, n, [], FinishReason.ERROR)
+            output.error = self.failing.pop(req.request_id)
+            return output
         if req.request_id in self.aborted:
             del self.running[req.request_id]
             return self._output(req, n, [], self.aborted.pop(req.request_id))

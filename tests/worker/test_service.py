@@ -96,6 +96,17 @@ def test_a_prompt_the_engine_refuses_ends_with_a_clear_error(setup: Any) -> None
     assert "over the context" in (result.error or "")
 
 
+def test_an_error_the_engine_ends_a_request_with_reaches_its_client(setup: Any) -> None:
+    client, service, engine = setup
+    h = client.submit("p", model=MODEL, max_tokens=5)
+    service.iterate()
+    engine.failing[h.id] = "guided_regex: cannot be used for constrained decoding"
+    service.run(burst=True)
+    result = h.result(timeout=1)
+    assert (result.text, result.finish_reason) == ("t0", FinishReason.ERROR)
+    assert result.error == "guided_regex: cannot be used for constrained decoding"
+
+
 class TemplateError(Exception):
     """Stands for jinja2's error when a chat template rejects the messages."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from shared.models import FinishReason
 from worker.engine.config import EngineConfig
-from worker.engine.grammar import Grammars
+from worker.engine.grammar import CompilingRequests, Grammars
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput
@@ -20,6 +20,9 @@ from worker.engine.request import EngineRequest, Sequence
 from worker.engine.resume import resume_text_state
 from worker.engine.scheduler import Scheduler
 from worker.model_store import resolve_model
+
+# How long an idle step waits for a grammar to compile before returning to its caller.
+COMPILE_WAIT_S = 0.05
 
 
 class _TextState:
@@ -63,6 +66,7 @@ class Engine:
         self._pending_finish: dict[str, tuple[Sequence, FinishReason]] = {}
         self.vocab_size: int = self.runner.model.config.get_text_config().vocab_size
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.runner.eos_token_ids)
+        self.compiling = CompilingRequests(self.grammars)
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -80,10 +84,15 @@ class Engine:
         return ids
 
     def add_request(self, req: EngineRequest) -> None:
-        """Queue ``req`` for the next steps; raises ``ValueError`` when it cannot run."""
+        """Queue ``req`` for the next steps; raises ``ValueError`` when it cannot run.
+        A guided request whose grammar is not compiled yet joins a later step (or ends
+        there with the compile's error)."""
         self._validate(req)
-        if req.sampling.guided and req.grammar is None:
-            req.grammar = self.grammars.matcher(req.sampling, req.output_token_ids)
+        if req.sampling.guided and req.grammar is None and not self.compiling.add(req):
+            return
+        self._join(req)
+
+    def _join(self, req: EngineRequest) -> None:
         seq = Sequence.from_request(req, next(self._seq_numbers))
         self._text[req.request_id] = _TextState(self, seq)
         self.scheduler.add(seq)
@@ -92,26 +101,29 @@ class Engine:
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
         """Finish ``request_id`` at the next step with ``reason`` and no more tokens."""
+        if self.compiling.abort(request_id, reason):
+            return
         seq = self.scheduler.get(request_id)
         if seq is not None:
             self._pending_finish[request_id] = (seq, reason)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or len(self.compiling) > 0
 
     def num_free_slots(self, resumed: bool = False) -> int:
         """How many more requests to claim now: free batch rows plus a small
         look-ahead, so a more urgent request can wait here and preempt; with
         ``resumed``, how many requests resumed mid-answer (they have rows kept)."""
-        num_held = len(self.scheduler.running) + len(self.scheduler.waiting)
+        num_held = len(self.scheduler.running) + len(self.scheduler.waiting) + len(self.compiling)
         capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
         if resumed:
             capacity += self.scheduler.max_num_resumed_seqs
         return max(0, capacity - num_held)
 
     def step(self) -> list[RequestOutput]:
-        outputs = self._finish_cancelled()
+        outputs = self._admit_compiled() + self._finish_cancelled()
         if not self.scheduler.has_unfinished():
+            self.compiling.wait(COMPILE_WAIT_S)  # rather than have the caller spin
             return outputs
         sched_out = self.scheduler.schedule()
         if not sched_out.scheduled:
@@ -149,7 +161,7 @@ class Engine:
     def _validate(self, req: EngineRequest) -> None:
         if not req.prompt_token_ids:
             raise ValueError(f"request {req.request_id}: the prompt has no tokens")
-        if req.request_id in self._text:
+        if req.request_id in self._text or req.request_id in self.compiling:
             raise ValueError(f"request {req.request_id} is already in the engine")
         num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
@@ -174,6 +186,12 @@ class Engine:
             mib = self.kv_cache_budget_bytes >> 20
             return pool_tokens, f"this worker's KV cache holds ({mib} MiB; see --kv-cache-mib)"
         return self.runner.max_model_len, "the model takes (its max_model_len)"
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        ready, ended = self.compiling.take(time.time())
+        for req in ready:
+            self._join(req)
+        return ended
 
     def _finish_cancelled(self) -> list[RequestOutput]:
         now = time.time()

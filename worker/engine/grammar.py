@@ -1,6 +1,11 @@
 """Constrained decoding: grammars compiled from guided_json / guided_regex (with
 xgrammar), cached by their source, and one matcher per sequence.
 
+Grammars compile on a background thread, never in the step loop: a large new schema
+takes a while, and the running streams must not wait for it. A guided request whose
+grammar is still compiling waits in ``CompilingRequests``, outside the scheduler,
+and joins once the grammar is ready; a cached grammar joins at once.
+
 A matcher follows the tokens its sequence generates; the sampler asks it for the
 mask of tokens that may come next. A resumed request replays the tokens it already
 has into a fresh matcher, so it continues where it was.
@@ -10,14 +15,18 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import cached_property
 from typing import Any
 
 import orjson
 import torch
 
-from shared.models import SamplingParams
+from shared.models import FinishReason, SamplingParams
+from worker.engine.outputs import RequestOutput
+from worker.engine.request import EngineRequest
 
 # xgrammar prefixes its errors with a timestamp and a C++ source location.
 _CPP_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
@@ -49,16 +58,25 @@ class GrammarState:
 
 
 class Grammars:
-    """Compiles and caches grammars for one tokenizer; thread-safe."""
+    """Compiles grammars on one background thread and caches them (the most recently
+    used ``max_num_cached``, failures included); thread-safe."""
 
     def __init__(
-        self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int], max_threads: int = 1
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int],
+        max_threads: int = 1,
+        max_num_cached: int = 256,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         self.max_threads = max_threads
+        self.max_num_cached = max_num_cached
         self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._compiled: OrderedDict[str, Future[Any]] = OrderedDict()
 
     @cached_property
     def _compiler(self) -> Any:
@@ -67,31 +85,118 @@ class Grammars:
         info = xgr.TokenizerInfo.from_huggingface(
             self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
         )
-        return xgr.GrammarCompiler(info, max_threads=self.max_threads, cache_enabled=True)
+        return xgr.GrammarCompiler(info, max_threads=self.max_threads, cache_enabled=False)
 
-    def compile(self, params: SamplingParams) -> Any:
-        """The compiled grammar for ``params`` (from the cache when seen before)."""
+    def compile(self, params: SamplingParams) -> Future[Any]:
+        """The grammar for ``params``, compiling in the background (done at once when
+        cached); its ``result()`` raises ``GrammarError`` when it cannot compile."""
+        source = _source(params)
         with self._lock:
-            compiler = self._compiler
-        try:
-            if params.guided_json is not None:
-                schema = orjson.dumps(params.guided_json, option=orjson.OPT_SORT_KEYS).decode()
-                return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=False)
-            if params.guided_regex is not None:
-                return compiler.compile_regex(params.guided_regex)
-        except RuntimeError as e:
-            raise GrammarError(_describe(params, e)) from e
-        raise GrammarError("the request has no guided_json or guided_regex")
+            future = self._compiled.get(source)
+            if future is None:
+                future = self._pool.submit(self._compile, params)
+                self._compiled[source] = future
+                if len(self._compiled) > self.max_num_cached:
+                    self._compiled.popitem(last=False)
+            self._compiled.move_to_end(source)
+        return future
 
-    def matcher(self, params: SamplingParams, output_token_ids: Iterable[int] = ()) -> GrammarState:
-        """A fresh matcher that has followed ``output_token_ids`` (a resume's tokens)."""
+    def follow(self, compiled: Any, output_token_ids: Iterable[int] = ()) -> GrammarState:
+        """A fresh matcher over ``compiled`` that has followed ``output_token_ids``."""
         import xgrammar as xgr
 
-        state = GrammarState(xgr.GrammarMatcher(self.compile(params)))
+        state = GrammarState(xgr.GrammarMatcher(compiled))
         for token_id in output_token_ids:
             if not state.accept(token_id):
                 break
         return state
+
+    def _compile(self, params: SamplingParams) -> Any:
+        compiler = self._compiler  # only the pool's one thread builds it
+        try:
+            if params.guided_json is not None:
+                schema = orjson.dumps(params.guided_json, option=orjson.OPT_SORT_KEYS).decode()
+                return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=False)
+            return compiler.compile_regex(params.guided_regex)
+        except RuntimeError as e:
+            raise GrammarError(_describe(params, e)) from e
+
+
+class CompilingRequests:
+    """Guided requests whose grammar is compiling; they join the scheduler when it is
+    ready, or end: with an error (it cannot compile), aborted, or past their deadline."""
+
+    def __init__(self, grammars: Grammars) -> None:
+        self.grammars = grammars
+        self._waiting: dict[str, tuple[EngineRequest, Future[Any]]] = {}
+        self._ended: list[RequestOutput] = []
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._waiting
+
+    def add(self, req: EngineRequest) -> bool:
+        """Start ``req``'s grammar; True when it is ready now (``req.grammar`` is set),
+        False when ``req`` waits here. Raises ``GrammarError`` for a grammar already
+        known not to compile."""
+        future = self.grammars.compile(req.sampling)
+        if future.done():
+            req.grammar = self.grammars.follow(future.result(), req.output_token_ids)
+            return True
+        self._waiting[req.request_id] = (req, future)
+        return False
+
+    def abort(self, request_id: str, reason: FinishReason) -> bool:
+        """End a waiting request at the next ``take``; False when it is not here."""
+        entry = self._waiting.pop(request_id, None)
+        if entry is not None:
+            self._ended.append(_ended(entry[0], reason))
+        return entry is not None
+
+    def take(self, now_unix_s: float) -> tuple[list[EngineRequest], list[RequestOutput]]:
+        """The requests whose grammar is ready (matcher set), and the outputs that end
+        the others that cannot wait any longer."""
+        for request_id, (req, _) in list(self._waiting.items()):
+            if req.deadline_unix_s is not None and req.deadline_unix_s <= now_unix_s:
+                self.abort(request_id, FinishReason.TIMEOUT)
+        ready = [req for req, future in self._waiting.values() if future.done()]
+        for req in ready:
+            self._finish_compile(req)
+        ended, self._ended = self._ended, []
+        return [req for req in ready if req.grammar is not None], ended
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a compile finishes or ``timeout_s`` passes (at once when none
+        is running): for a loop that has nothing else to do."""
+        futures = [future for _, future in self._waiting.values()]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    def _finish_compile(self, req: EngineRequest) -> None:
+        _, future = self._waiting.pop(req.request_id)
+        try:
+            req.grammar = self.grammars.follow(future.result(), req.output_token_ids)
+        except GrammarError as e:
+            self._ended.append(_ended(req, FinishReason.ERROR, str(e)))
+
+
+def _ended(req: EngineRequest, reason: FinishReason, error: str | None = None) -> RequestOutput:
+    num_output = len(req.output_token_ids)
+    num_prompt = len(req.prompt_token_ids)
+    return RequestOutput(
+        req.request_id, num_output, [], "", reason, None, num_prompt, num_output, error
+    )
+
+
+def _source(params: SamplingParams) -> str:
+    """The cache key of ``params``' grammar."""
+    if params.guided_json is not None:
+        return "json:" + orjson.dumps(params.guided_json, option=orjson.OPT_SORT_KEYS).decode()
+    if params.guided_regex is not None:
+        return "regex:" + params.guided_regex
+    raise GrammarError("the request has no guided_json or guided_regex")
 
 
 def _describe(params: SamplingParams, error: RuntimeError) -> str:

@@ -65,6 +65,8 @@ class RequestOutput:
     logprobs: list[dict[str, Any]] | None
     num_prompt_tokens: int
     num_output_tokens: int
+    # What was wrong, for a request that ends with FinishReason.ERROR.
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

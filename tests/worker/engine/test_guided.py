@@ -71,7 +71,33 @@ def test_a_resumed_guided_request_continues_into_valid_json(engine: Engine) -> N
     jsonschema.validate(json.loads(text), PERSON)
 
 
-def test_a_schema_the_grammar_cannot_compile_is_refused(engine: Engine) -> None:
+def test_a_schema_the_grammar_cannot_compile_ends_its_request_then_is_refused(
+    engine: Engine,
+) -> None:
     sampling = SamplingParams(guided_regex="(?<=a)b")
+    request = make_request(chat(engine, "hi"), "bad", sampling=sampling)
+    [output] = engine.generate([request])["bad"]
+    assert output.finish_reason is FinishReason.ERROR
+    assert output.error is not None and "Lookbehind is not supported" in output.error
     with pytest.raises(ValueError, match=r"guided_regex: .*Lookbehind is not supported"):
         engine.add_request(make_request(chat(engine, "hi"), sampling=sampling))
+
+
+def test_guided_and_unguided_requests_share_the_engine(engine: Engine) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    plain = make_request(chat(engine, "Hi"), "plain", max_tokens=6, ignore_eos=True)
+    sampling = SamplingParams(temperature=0.0, max_tokens=20, guided_json=schema)
+    guided = make_request(chat(engine, "A number?"), "guided", sampling=sampling)
+    results: dict[str, list[RequestOutput]] = {"plain": [], "guided": []}
+    engine.add_request(plain)
+    engine.add_request(guided)  # a schema not seen before: it compiles off the loop
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        if results["plain"] and not results["plain"][-1].finished:
+            assert "plain" in [o.request_id for o in outputs]  # never held up by the compile
+        for output in outputs:
+            results[output.request_id].append(output)
+    assert len(tokens_of(results["plain"])) == 6
+    assert results["plain"][-1].finish_reason is FinishReason.LENGTH
+    assert results["guided"][-1].finish_reason is FinishReason.STOP
+    jsonschema.validate(json.loads(text_of(results["guided"])), schema)
