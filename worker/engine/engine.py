@@ -114,11 +114,13 @@ class Engine:
         """How many more requests to claim now: free batch rows plus a small
         look-ahead, so a more urgent request can wait here and preempt; with
         ``resumed``, how many requests resumed mid-answer (they have rows kept)."""
-        num_held = len(self.scheduler.running) + len(self.scheduler.waiting) + len(self.compiling)
+        held = [s.request for s in (*self.scheduler.running, *self.scheduler.waiting)]
+        num_compiling = len(self.compiling)  # guided requests whose grammar compiles
         capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
         if resumed:
             capacity += self.scheduler.max_num_resumed_seqs
-        return max(0, capacity - num_held)
+            return max(0, capacity - len(held) - num_compiling)
+        return max(0, capacity - sum(not r.resumed for r in held) - num_compiling)
 
     def step(self) -> list[RequestOutput]:
         outputs = self._admit_compiled() + self._finish_cancelled()

@@ -9,7 +9,9 @@ tokens, the least urgent running request (by ``Sequence.__lt__``) is preempted: 
 blocks are freed and it is recomputed later from its tokens (mostly from the cache,
 where its blocks were not reused meanwhile), so it resumes without losing or
 repeating one. A waiting request more urgent than the least urgent running one
-preempts it when the batch is full.
+preempts it when the batch is full. A request resumed after its worker died (its
+client is mid-answer) may also take one of a few rows kept for such requests, and new
+work never preempts it.
 """
 
 from __future__ import annotations
@@ -131,15 +133,25 @@ class Scheduler:
                 return 0
         return num_tokens
 
-    def max_batch_for(self, seq: Sequence) -> int:
-        """How full a batch ``seq`` may join: a request resumed mid-answer after its
-        worker died may use the rows kept for such requests."""
-        extra = self.max_num_resumed_seqs if seq.request.resumed else 0
-        return self.max_num_seqs + extra
+    def has_row_for(self, seq: Sequence) -> bool:
+        """Whether the batch has a row ``seq`` may take. Requests resumed mid-answer
+        after their worker died may also take the ``max_num_resumed_seqs`` rows kept
+        for them; new work counts only the rows new work holds."""
+        if len(self.running) >= self.max_num_seqs + self.max_num_resumed_seqs:
+            return False
+        if seq.request.resumed:
+            return True
+        return sum(not s.request.resumed for s in self.running) < self.max_num_seqs
 
     def _next_admissible(self) -> Sequence | None:
         """The first waiting request the batch has a row for, in priority order."""
-        return next((s for s in self.waiting if len(self.running) < self.max_batch_for(s)), None)
+        return next((s for s in self.waiting if self.has_row_for(s)), None)
+
+    def _victim_for(self, head: Sequence) -> Sequence | None:
+        """The least urgent running request whose row ``head`` could take: new work
+        never displaces a resumed request (its client is mid-answer, in a kept row)."""
+        rows = [s for s in self.running if head.request.resumed or not s.request.resumed]
+        return rows[-1] if rows else None
 
     def _schedule_waiting(
         self, out: SchedulerOutput, budget: int, min_priority: int | None = None
@@ -168,12 +180,11 @@ class Scheduler:
 
     def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         while self.waiting and self.running:
-            head, victim = self.waiting[0], self.running[-1]
-            if head.priority <= victim.priority:
+            head = self.waiting[0]
+            victim = self._victim_for(head)
+            if victim is None or head.priority <= victim.priority:
                 return
-            if len(self.running) < self.max_batch_for(head) and self._fits_whole(
-                head, self.kv_cache.cached_prefix(head)
-            ):
+            if self.has_row_for(head) and self._fits_whole(head, self.kv_cache.cached_prefix(head)):
                 return
             self._preempt(victim, out)
 

@@ -118,6 +118,19 @@ def test_a_request_resumed_mid_answer_joins_a_full_batch_in_a_kept_row() -> None
     assert len(s.running) == 3
 
 
+def test_new_work_never_preempts_a_resumed_request_in_a_kept_row() -> None:
+    s = make_scheduler(max_num_seqs=1, max_num_resumed_seqs=1)
+    running, resumed = make_seq(4, priority=50), make_seq(4, priority=25, resumed_tokens=[7])
+    for seq in (running, resumed):
+        s.add(seq)
+    run_step(s)
+    urgent = make_seq(4, priority=100)
+    s.add(urgent)
+    out = run_step(s)
+    assert out.preempted == [running]  # the new-work row, not the resumed one's
+    assert [q.status for q in (urgent, resumed)] == [SeqStatus.RUNNING, SeqStatus.RUNNING]
+
+
 def test_without_kept_rows_a_resumed_request_waits_like_any_other() -> None:
     s = make_scheduler(max_num_seqs=2)
     for seq in (make_seq(4), make_seq(4)):
