@@ -109,8 +109,12 @@ def main() -> None:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
-    peer_run(engine.runner.model, tokenizer, items[:4], args.batch_size)
-    peer_s, peer_vecs = peer_run(engine.runner.model, tokenizer, items, args.batch_size)
+    # The engine's model attends through the paged cache only; the peer loads its own.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=engine.runner.dtype).eval()
+    peer_run(model, tokenizer, items[:4], args.batch_size)
+    peer_s, peer_vecs = peer_run(model, tokenizer, items, args.batch_size)
     report = {
         "num_texts": len(items),
         "num_tokens": sum(len(engine.encode_prompt(t)) for t in items),
