@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
 
 from producer.client import _block_ms, _deadline
-from producer.requests import build_request, validate_request
+from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from shared.connection import connect_async
 from shared.flows import accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys, tag_of
@@ -56,6 +56,13 @@ class AsyncClient:
 
     async def submit_request(self, request: GenerationRequest | Mapping[str, Any]) -> AsyncHandle:
         return (await self.submit_many([request]))[0]
+
+    async def embed(
+        self, texts: str | Sequence[str], *, timeout: float | None = None, **kwargs: Any
+    ) -> list[list[float]]:
+        """As ``Client.embed``."""
+        handles = await self.submit_many(build_embed_requests(self.settings, texts, **kwargs))
+        return [embedding_of(await handle.result(timeout)) for handle in handles]
 
     async def submit_many(
         self, requests: Iterable[GenerationRequest | Mapping[str, Any]]

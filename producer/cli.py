@@ -39,6 +39,9 @@ def worker(
     dtype: str = "auto",
     max_num_seqs: Annotated[int | None, typer.Option(help="most requests in a batch")] = None,
     kv_cache_mib: Annotated[int | None, typer.Option(help="KV cache budget in MiB")] = None,
+    pooling: Annotated[
+        str, typer.Option(help="how embeddings pool the last hidden state: mean, last or cls")
+    ] = "mean",
     burst: Annotated[bool, typer.Option(help="exit once the queue is empty")] = False,
     log_level: str = "INFO",
 ) -> None:
@@ -54,6 +57,7 @@ def worker(
         dtype=dtype,
         max_num_seqs=max_num_seqs,
         kv_cache_mib=kv_cache_mib,
+        pooling=pooling,
         burst=burst,
     )
     try:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
 
-from producer.requests import build_request, validate_request
+from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from shared.connection import close, connect
 from shared.errors import RequestTimeout
 from shared.flows import accepted, cancel_flow, drive, enqueue_flow
@@ -58,6 +58,15 @@ class Client:
 
     def submit_request(self, request: GenerationRequest | Mapping[str, Any]) -> Handle:
         return self.submit_many([request])[0]
+
+    def embed(
+        self, texts: str | Sequence[str], *, timeout: float | None = None, **kwargs: Any
+    ) -> list[list[float]]:
+        """The L2-normalised embedding of each text, in order, queued with a priority
+        like any request (``model``, ``priority``, ``dimensions``, ``deadline``,
+        ``metadata``). RequestFailed when one ends without a vector."""
+        handles = self.submit_many(build_embed_requests(self.settings, texts, **kwargs))
+        return [embedding_of(handle.result(timeout)) for handle in handles]
 
     def submit_many(
         self, requests: Iterable[GenerationRequest | Mapping[str, Any]]

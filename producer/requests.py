@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shared.errors import InvalidRequest
-from shared.models import ChatMessage, GenerationRequest, MetadataValue
+from shared.errors import InvalidRequest, RequestFailed
+from shared.models import ChatMessage, GenerationRequest, MetadataValue, Result
 from shared.settings import Settings
 
 Messages = Sequence[ChatMessage | Mapping[str, str]]
@@ -41,6 +41,39 @@ def build_request(
         "metadata": dict(metadata or {}),
     }
     return validate_request(settings, fields)
+
+
+def build_embed_requests(
+    settings: Settings,
+    texts: str | Sequence[str],
+    *,
+    model: str | None = None,
+    priority: int | str = "normal",
+    dimensions: int | None = None,
+    deadline: float | datetime | None = None,
+    metadata: Mapping[str, MetadataValue] | None = None,
+) -> list[GenerationRequest]:
+    """One validated embed request per text (``texts`` may be a single string)."""
+    fields = {
+        "model": model or settings.default_model,
+        "task": "embed",
+        "dimensions": dimensions,
+        "priority": priority,
+        "deadline_ms": _deadline_ms(deadline),
+        "metadata": dict(metadata or {}),
+    }
+    items = [texts] if isinstance(texts, str) else list(texts)
+    if not items:
+        raise InvalidRequest("texts: give at least one text to embed")
+    return [validate_request(settings, {**fields, "prompt": text}) for text in items]
+
+
+def embedding_of(result: Result) -> list[float]:
+    """An embed request's vector; RequestFailed saying why when it has none."""
+    if result.embedding is None:
+        why = result.error or f"it ended with {result.finish_reason.value}"
+        raise RequestFailed(f"request {result.id} produced no embedding: {why}")
+    return list(result.embedding)
 
 
 def validate_request(

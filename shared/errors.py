@@ -43,3 +43,7 @@ class NotFound(TokenqError, KeyError):
 
 class RequestTimeout(TokenqError, TimeoutError):
     """Waiting for a result took longer than the caller allowed."""
+
+
+class RequestFailed(TokenqError):
+    """A request ended without the answer asked for (failed, cancelled or expired)."""

@@ -19,6 +19,10 @@ MAX_LOGIT_BIAS_ITEMS = 300
 MAX_GUIDED_JSON_BYTES = 64_000
 MAX_GUIDED_REGEX_CHARS = 4_000
 MAX_N = 16
+MAX_EMBEDDING_DIMENSIONS = 65_536
+# What a request asks of the model: generated tokens, or the prompt's pooled hidden
+# state (an embedding; prefill only, no sampling).
+Task = Literal["generate", "embed"]
 # The metadata item naming who submitted a request. A gateway sets it from the caller's
 # API key (never from the body); requests, their idempotency keys and their batches are
 # kept apart by it.
@@ -134,6 +138,10 @@ class GenerationRequest(_Strict):
     deadline_ms: int | None = Field(None, ge=0, description="unix time in ms")
     idempotency_key: str | None = Field(None, min_length=1, max_length=256)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=MAX_METADATA_ITEMS)
+    task: Task = "generate"
+    dimensions: int | None = Field(
+        None, ge=1, le=MAX_EMBEDDING_DIMENSIONS, description="embed: keep this many dimensions"
+    )
 
     @field_validator("priority", mode="before")
     @classmethod
@@ -146,6 +154,10 @@ class GenerationRequest(_Strict):
             raise ValueError("give exactly one of prompt and messages")
         if self.prompt is not None and not self.prompt.strip():
             raise ValueError("prompt must not be blank")
+        if self.task == "embed" and self.prompt is None:
+            raise ValueError("an embed request takes a prompt (the text to embed), not messages")
+        if self.dimensions is not None and self.task != "embed":
+            raise ValueError("dimensions applies to embed requests only")
         return self
 
     @property
@@ -213,6 +225,9 @@ class FinalEvent(_Strict):
     usage: Usage = Usage()
     timings: Timings = Timings()
     error: str | None = None
+    embedding: tuple[float, ...] | None = Field(
+        None, description="an embed request's L2-normalised vector"
+    )
 
 
 Event = Annotated[TokenEvent | FinalEvent, Field(discriminator="type")]
@@ -234,6 +249,7 @@ class Result(_Strict):
     usage: Usage
     timings: Timings
     error: str | None = None
+    embedding: tuple[float, ...] | None = None
 
 
 def dumps(model: BaseModel) -> bytes:

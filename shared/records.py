@@ -82,6 +82,7 @@ def result_from_hash(request_id: str, h: dict[str, str]) -> Result | None:
         usage=final.usage,
         timings=final.timings,
         error=final.error,
+        embedding=final.embedding,
     )
 
 

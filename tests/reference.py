@@ -133,3 +133,29 @@ def _model_identity(model_dir: Path) -> list[tuple[str, int, int]]:
         stat = path.stat()
         identity.append((str(path.resolve()), stat.st_size, stat.st_mtime_ns))
     return identity
+
+
+def embedding_reference(model_dir: Path, texts: list[str]) -> list[list[float]]:
+    """Each text's mean-pooled, L2-normalised last hidden state, from transformers alone."""
+    return cached_json(
+        model_dir,
+        {"texts": texts, "pooling": "mean"},
+        __name__,
+        lambda: _embedding_reference(model_dir, texts),
+        lambda value: value,
+        lambda data: [[float(v) for v in row] for row in data],
+    )
+
+
+def _embedding_reference(model_dir: Path, texts: list[str]) -> list[list[float]]:
+    import torch
+
+    model, tokenizer = _load(model_dir)
+    vectors = []
+    for text in texts:
+        ids = torch.tensor([_encode(tokenizer, text, False)])
+        with torch.inference_mode():
+            hidden = model.model(input_ids=ids).last_hidden_state[0]  # type: ignore[attr-defined]
+        mean = hidden.mean(dim=0)
+        vectors.append((mean / mean.norm()).tolist())
+    return vectors

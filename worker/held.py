@@ -41,9 +41,14 @@ class Held:
         return orjson.dumps({"text": text, "token_ids": [*self.token_ids, *more_ids]})
 
     def final(
-        self, reason: FinishReason, num_more: int = 0, error: str | None = None
+        self,
+        reason: FinishReason,
+        num_more: int = 0,
+        error: str | None = None,
+        embedding: list[float] | None = None,
     ) -> FinalEvent:
         usage = Usage(
             prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids) + num_more
         )
-        return FinalEvent(finish_reason=reason, usage=usage, error=error)
+        vector = None if embedding is None else tuple(embedding)
+        return FinalEvent(finish_reason=reason, usage=usage, error=error, embedding=vector)

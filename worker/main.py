@@ -38,6 +38,7 @@ class WorkerOptions:
     dtype: str = "auto"
     max_num_seqs: int | None = None
     kv_cache_mib: int | None = None
+    pooling: str = "mean"
     burst: bool = False
 
 
@@ -51,7 +52,11 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
     if is_sim(opts.model):
         return SimConfig.parse(opts.model)
     config = EngineConfig(
-        model=opts.model, device=opts.device, dtype=opts.dtype, kv_cache_mib=opts.kv_cache_mib
+        model=opts.model,
+        device=opts.device,
+        dtype=opts.dtype,
+        kv_cache_mib=opts.kv_cache_mib,
+        pooling=opts.pooling,
     )
     if opts.max_num_seqs is not None:
         config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again

@@ -123,7 +123,8 @@ def end_call(
 ) -> ScriptCall:
     """The finish script for ``held``, counting ``more`` (this step's tokens) in."""
     ids, text = (more.new_token_ids, more.text) if more is not None else ([], "")
-    final = held.final(reason, len(ids), error)
+    embedding = more.embedding if more is not None else None
+    final = held.final(reason, len(ids), error, embedding)
     output = held.output_json(ids, text)
     state = state or STATE_OF_REASON[reason].value
     return finish_call(

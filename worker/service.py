@@ -264,6 +264,8 @@ class WorkerService:
             output_token_ids=list(held.token_ids),
             output_text="".join(held.text_parts),
             deadline_unix_s=deadline,
+            task=req.task,
+            dimensions=req.dimensions,
         )
 
     def _restore(self, held: Held) -> None:

@@ -72,6 +72,8 @@ class SimEngine:
         return self.encode_prompt(" ".join(str(m["content"]) for m in messages))
 
     def add_request(self, req: EngineRequest) -> None:
+        if req.embed:
+            raise ValueError("a simulated model computes no embeddings; use a real model")
         if len(req.prompt_token_ids) >= self.sim.max_model_len:
             raise ValueError(f"prompt of {len(req.prompt_token_ids)} tokens exceeds the context")
         self.running[req.request_id] = req

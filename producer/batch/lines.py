@@ -1,9 +1,9 @@
 """Batch input: JSONL lines in OpenAI's batch format (or plain bodies) to tokenq requests.
 
 A line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" |
-"/v1/completions", "body": {...}}``; ``url`` and ``method`` may be left out (the
-body's ``messages`` or ``prompt`` says which), and so may ``body`` (the rest of
-the line is the body).
+"/v1/completions" | "/v1/embeddings", "body": {...}}``; ``url`` and ``method`` may be
+left out (the body's ``messages``, ``prompt`` or ``input`` says which), and so may
+``body`` (the rest of the line is the body). An embeddings line embeds one text.
 """
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ from shared.errors import InvalidRequest
 from shared.models import MAX_METADATA_ITEMS, OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
 from shared.settings import Settings
 
-Kind = Literal["chat", "completion"]
-URL_KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+Kind = Literal["chat", "completion", "embedding"]
+URL_KINDS: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
+}
+EMBEDDING_KNOWN = {"model", "input", "dimensions", "encoding_format", "user", "metadata"}
 # OpenAI fields that are accepted only at the value that changes nothing.
 NEUTRAL = {"n": 1, "stream": False, "logprobs": False}
 IGNORED = ("user", "store", "service_tier")
@@ -120,6 +125,8 @@ def parse_line(text: str, settings: Settings, *, model: str | None = None) -> Ba
 def to_request(
     body: Mapping[str, Any], kind: Kind, settings: Settings, *, model: str | None = None
 ) -> GenerationRequest:
+    if kind == "embedding":
+        return _embed_request(body, settings, model)
     unknown = sorted(set(body) - KNOWN)
     if unknown:
         raise InvalidRequest(f"body: unsupported field(s) {', '.join(unknown)}")
@@ -138,6 +145,29 @@ def to_request(
         fields["messages"] = [_message(m) for m in _list(body.get("messages"), "messages")]
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
+    return validate_request(settings, fields)
+
+
+def _embed_request(
+    body: Mapping[str, Any], settings: Settings, model: str | None
+) -> GenerationRequest:
+    unknown = sorted(set(body) - EMBEDDING_KNOWN)
+    if unknown:
+        raise InvalidRequest(f"body: unsupported field(s) {', '.join(unknown)}")
+    if body.get("encoding_format", "float") != "float":
+        raise InvalidRequest("body.encoding_format: only 'float' is supported in a batch")
+    text = body.get("input")
+    if isinstance(text, list) and len(text) == 1:
+        text = text[0]
+    if not isinstance(text, str):
+        raise InvalidRequest("body.input: give one text per batch line")
+    fields = {
+        "model": body.get("model") or model or settings.default_model,
+        "task": "embed",
+        "prompt": text,
+        "dimensions": body.get("dimensions"),
+        "metadata": body.get("metadata") or {},
+    }
     return validate_request(settings, fields)
 
 
@@ -162,7 +192,7 @@ def _kind(data: dict[str, Any], body: dict[str, Any]) -> Kind:
         raise InvalidRequest(f"method: only POST is supported, not {data['method']!r}")
     url = data.get("url")
     if url is None:
-        return "chat" if "messages" in body else "completion"
+        return "chat" if "messages" in body else "embedding" if "input" in body else "completion"
     if url not in URL_KINDS:
         raise InvalidRequest(f"url: {url!r} is not supported; use one of {', '.join(URL_KINDS)}")
     return URL_KINDS[url]

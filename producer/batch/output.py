@@ -38,6 +38,8 @@ def error_line(custom_id: str, code: str, message: str, request_id: str | None =
 
 
 def _body(kind: Kind, result: Result) -> dict[str, Any]:
+    if kind == "embedding":
+        return _embedding_body(result)
     usage = result.usage
     body: dict[str, Any] = {
         "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{result.id}",
@@ -56,3 +58,14 @@ def _body(kind: Kind, result: Result) -> dict[str, Any]:
         choice["text"] = result.text
     body["choices"] = [choice]
     return body
+
+
+def _embedding_body(result: Result) -> dict[str, Any]:
+    data = {"object": "embedding", "index": 0, "embedding": list(result.embedding or ())}
+    num_tokens = result.usage.prompt_tokens
+    return {
+        "object": "list",
+        "data": [data],
+        "model": result.model,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+    }

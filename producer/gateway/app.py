@@ -14,7 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from producer.dashboard.routes import create_dashboard_router
-from producer.gateway import batches, health, native, openai_routes
+from producer.gateway import batches, health, native, openai_embeddings, openai_routes
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewayConfig, load_api_keys
 from producer.gateway.errors import install_error_handlers
@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     app = FastAPI(title="tokenq gateway", version=VERSION, lifespan=lifespan, description=ABOUT)
     app.state.api_keys = config.api_keys
     install_error_handlers(app)
-    for module in (openai_routes, native, batches, health):
+    for module in (openai_routes, openai_embeddings, native, batches, health):
         app.include_router(module.router)
     dashboard = create_dashboard_router(settings, lambda: app.state.backend.redis)
     app.include_router(dashboard, prefix="/admin", include_in_schema=False)

@@ -115,7 +115,7 @@ async def _answer(
     renderers: list[Renderer],
     whole: Whole,
 ) -> Response:
-    submitted = await _submit_all(backend, gens, renderers[0].kind)
+    submitted = await submit_all(backend, gens, renderers[0].kind)
     for renderer in renderers:
         renderer.request_id = submitted[0].request_id
     headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
@@ -139,16 +139,14 @@ async def _gathered(work: Awaitable[list[FinalEvent]]) -> list[FinalEvent]:
     return await work
 
 
-async def _submit_all(
-    backend: Backend, gens: list[GenerationRequest], kind: str
-) -> list[Submitted]:
+async def submit_all(backend: Backend, gens: list[GenerationRequest], kind: str) -> list[Submitted]:
     """One request per choice; when one is refused, the ones before it are cancelled."""
     submitted: list[Submitted] = []
     try:
         for gen in gens:
             submitted.append(await backend.submit(gen, api=kind))
     except BaseException:
-        await _cancel_all(backend, submitted)
+        await cancel_all(backend, submitted)
         raise
     return submitted
 
@@ -248,10 +246,10 @@ async def _client_left(backend: Backend, submitted: list[Submitted], kind: str) 
     free the worker's slots; unless one was an idempotent repeat, which belongs to the
     first caller."""
     backend.metrics.disconnects.labels(kind).inc()
-    await _cancel_all(backend, submitted)
+    await cancel_all(backend, submitted)
 
 
-async def _cancel_all(backend: Backend, submitted: list[Submitted]) -> None:
+async def cancel_all(backend: Backend, submitted: list[Submitted]) -> None:
     for item in submitted:
         if item.duplicate:
             continue

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.engine.pooling import POOLING_METHODS
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -24,6 +26,8 @@ class EngineConfig:
     ``max_num_resumed_seqs`` more rows are kept for requests resumed after their
     worker died: a client is reading each of them mid-answer, so they join the batch
     at once even when it is full of new work (the KV pool still bounds memory).
+    ``pooling`` turns an embed request's final hidden states into its embedding
+    (``mean``, ``last`` or ``cls``; normalised either way).
     """
 
     model: str
@@ -44,6 +48,7 @@ class EngineConfig:
     fuse_layers: bool = True
     ttft_priority: int | None = 100
     max_model_len: int | None = None
+    pooling: str = "mean"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -60,6 +65,10 @@ class EngineConfig:
         _at_least("max_model_len", self.max_model_len, 2, optional=True)
         if not 0 < self.kv_cache_share <= 1:
             raise ValueError(f"kv_cache_share must be in (0, 1], got {self.kv_cache_share}")
+        if self.pooling not in POOLING_METHODS:
+            raise ValueError(
+                f"pooling must be one of {', '.join(POOLING_METHODS)}, got {self.pooling!r}"
+            )
         if not self.aging_interval_s > 0:
             raise ValueError(f"aging_interval_s must be above 0, got {self.aging_interval_s}")
 

@@ -15,7 +15,8 @@ from worker.engine.config import EngineConfig
 from worker.engine.grammar import CompilingRequests, Grammars
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner
-from worker.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput
+from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.pooling import Pooler
 from worker.engine.request import EngineRequest, Sequence
 from worker.engine.resume import resume_text_state
 from worker.engine.scheduler import Scheduler
@@ -67,6 +68,7 @@ class Engine:
         self.vocab_size: int = self.runner.model.config.get_text_config().vocab_size
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.runner.eos_token_ids)
         self.compiling = CompilingRequests(self.grammars)
+        self.pooler = Pooler(config.pooling)
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -130,6 +132,8 @@ class Engine:
         sched_out = self.scheduler.schedule()
         if not sched_out.scheduled:
             return outputs
+        for seq in sched_out.preempted:
+            self.pooler.discard(seq.request_id)  # computed again from its first token
         runner_out = self.runner.execute(sched_out)
         self.scheduler.update_from_output(sched_out, runner_out)
         return outputs + self._postprocess(sched_out, runner_out)
@@ -165,6 +169,9 @@ class Engine:
             raise ValueError(f"request {req.request_id}: the prompt has no tokens")
         if req.request_id in self._text or req.request_id in self.compiling:
             raise ValueError(f"request {req.request_id} is already in the engine")
+        if req.embed:
+            self._validate_embed(req)
+            return
         num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
         limit, what = self._context_limit()
@@ -179,6 +186,20 @@ class Engine:
             raise ValueError(
                 f"request {req.request_id}: logit_bias token id {too_big[0]} is not in this "
                 f"model's vocabulary of {self.vocab_size} tokens"
+            )
+
+    def _validate_embed(self, req: EngineRequest) -> None:
+        limit, what = self._context_limit()
+        if len(req.prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"request {req.request_id}: the text to embed is {len(req.prompt_token_ids)} "
+                f"tokens, over the {limit} that {what}; shorten it"
+            )
+        size = self.runner.hidden_size
+        if req.dimensions is not None and req.dimensions > size:
+            raise ValueError(
+                f"request {req.request_id}: dimensions {req.dimensions} is more than this "
+                f"model's {size}; ask for {size} or fewer"
             )
 
     def _context_limit(self) -> tuple[int, str]:
@@ -208,6 +229,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> RequestOutput:
         self.scheduler.finish(seq, reason)
         self._text.pop(seq.request_id, None)
+        self.pooler.discard(seq.request_id)
         return RequestOutput(
             seq.request_id,
             seq.num_output_tokens,
@@ -225,7 +247,29 @@ class Engine:
         outputs = []
         for item, logprobs in zip(sched_out.sampled, runner_out.logprobs, strict=True):
             outputs.append(self._new_token_output(item.seq, logprobs))
+        for item, partial in zip(sched_out.pooled, runner_out.pooled, strict=True):
+            self.pooler.add(item.seq.request_id, partial)
+            if item.completes_prompt:
+                outputs.append(self._embedding_output(item))
         return outputs
+
+    def _embedding_output(self, item: ScheduledSeq) -> RequestOutput:
+        """An embed request ends once its whole prompt is computed: no tokens, a vector."""
+        seq = item.seq
+        embedding = self.pooler.finish(seq.request_id, seq.request.dimensions)
+        self.scheduler.finish(seq, FinishReason.STOP)
+        self._text.pop(seq.request_id, None)
+        return RequestOutput(
+            seq.request_id,
+            0,
+            [],
+            "",
+            FinishReason.STOP,
+            None,
+            seq.num_prompt_tokens,
+            0,
+            embedding=embedding,
+        )
 
     def _new_token_output(self, seq: Sequence, logprobs: dict[str, Any] | None) -> RequestOutput:
         token_id = seq.token_ids[-1]

@@ -52,17 +52,19 @@ class FusedLlama:
         positions: torch.Tensor,
         batch: StepBatch,
         logits_index: torch.Tensor,
-    ) -> torch.Tensor:
-        """Logits ``[len(logits_index), vocab]`` for a flat step of tokens."""
+        pool_index: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits ``[len(logits_index), vocab]`` for a flat step of tokens, and the
+        final (normed) hidden states of the ``pool_index`` rows."""
         inner = self.model.model
         x = inner.embed_tokens(input_ids)
         cos, sin = inner.rotary_emb(x[None], positions[None])
         rope = (cos[0, :, None, :], sin[0, :, None, :])
         for index, layer in enumerate(self.layers):
             x = self._layer(index, layer, x, rope, batch)
-        hidden = inner.norm(x[logits_index])
-        logits: torch.Tensor = self.model.lm_head(hidden)
-        return logits
+        logits: torch.Tensor = self.model.lm_head(inner.norm(x[logits_index]))
+        pooled = None if pool_index is None else inner.norm(x[pool_index])
+        return logits, pooled
 
     def _layer(
         self,

@@ -57,8 +57,9 @@ class KVCacheManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks that hold ``seq``'s first tokens, in order. One token is
-        always left out, so that computing it yields the logits to sample from."""
-        if not self.enable_prefix_caching or seq.block_table:
+        always left out, so that computing it yields the logits to sample from. An
+        embed request takes none: pooling needs every token's hidden state."""
+        if not self.enable_prefix_caching or seq.block_table or seq.request.embed:
             return []
         blocks: list[int] = []
         for digest in self._digests(seq, (seq.num_tokens - 1) // self.block_size):
@@ -106,8 +107,9 @@ class KVCacheManager:
         return seq.block_table
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Make ``seq``'s full, computed blocks findable by later requests."""
-        if not self.enable_prefix_caching:
+        """Make ``seq``'s full, computed blocks findable by later requests. An embed
+        request's are not: nothing reuses them, and unhashed freed blocks go first."""
+        if not self.enable_prefix_caching or seq.request.embed:
             return
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_cached_blocks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 # cuDNN's attention is left out: it builds a plan for each new shape, milliseconds of
 # CPU time, and a step's context lengths are new every step.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class _Step(NamedTuple):
+    """A step's inputs as tensors, and which rows of it sample and pool."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    logits_index: torch.Tensor
+    pool_index: torch.Tensor | None
+    pool_lengths: list[int]
+    batch: StepBatch
 
 
 class ModelRunner:
@@ -62,6 +73,11 @@ class ModelRunner:
         self.value_cache: list[torch.Tensor] = []
         self.block_size = config.kv_block_size
         self.null_slot = 0
+        self.pooling = config.pooling
+        self.hidden_size: int = text_config.hidden_size
+        self._last_hidden: list[torch.Tensor] = []
+        if self.fused is None:
+            self.model.get_decoder().register_forward_hook(self._keep_hidden)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -103,35 +119,49 @@ class ModelRunner:
         return _available_host_bytes()
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        input_ids, positions, logits_index, batch = self._prepare(out.scheduled)
+        step = self._prepare(out.scheduled)
         with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
-            logits = self._forward(input_ids, positions, logits_index, batch)
+            logits, hidden = self._forward(step)
             rows = [self._sampling_row(item) for item in out.sampled]
             token_ids, logprobs = self.sampler(logits, rows)
-        return RunnerOutput(token_ids, logprobs)
+            pooled = self._pool(hidden, step.pool_lengths)
+        return RunnerOutput(token_ids, logprobs, pooled)
 
-    def _forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        logits_index: torch.Tensor,
-        batch: StepBatch,
-    ) -> torch.Tensor:
+    def _forward(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of the sampling rows; final hidden states of the pooling rows."""
         if self.fused is not None:
-            return self.fused(input_ids, positions, batch, logits_index)
+            return self.fused(
+                step.input_ids, step.positions, step.batch, step.logits_index, step.pool_index
+            )
         result = self.model(
-            input_ids=input_ids.unsqueeze(0),
-            position_ids=positions.unsqueeze(0),
-            logits_to_keep=logits_index,
+            input_ids=step.input_ids.unsqueeze(0),
+            position_ids=step.positions.unsqueeze(0),
+            logits_to_keep=step.logits_index,
             use_cache=False,
-            tokenq_batch=batch,
+            tokenq_batch=step.batch,
         )
         logits: torch.Tensor = result.logits[0]
-        return logits
+        hidden = self._last_hidden.pop()
+        return logits, None if step.pool_index is None else hidden[step.pool_index]
 
-    def _prepare(
-        self, scheduled: list[ScheduledSeq]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, StepBatch]:
+    def _keep_hidden(self, module: Any, args: Any, output: Any) -> None:
+        # The base model's (normed) last hidden state, which the causal LM's forward
+        # does not return; kept for the pooling rows.
+        self._last_hidden[:] = [output.last_hidden_state[0]]
+
+    def _pool(self, hidden: torch.Tensor | None, lengths: list[int]) -> list[list[float]]:
+        """Each pooling chunk's reduction (see ``worker.engine.pooling``), in one copy."""
+        if hidden is None:
+            return []
+        chunks = torch.split(hidden.float(), lengths)
+        if self.pooling == "mean":
+            reduced = [chunk.sum(dim=0) for chunk in chunks]
+        else:
+            reduced = [chunk[-1 if self.pooling == "last" else 0] for chunk in chunks]
+        values: list[list[float]] = torch.stack(reduced).tolist()
+        return values
+
+    def _prepare(self, scheduled: list[ScheduledSeq]) -> _Step:
         inputs = _FlatInputs(self.block_size)
         for item in scheduled:
             inputs.add(item)
@@ -145,10 +175,13 @@ class ModelRunner:
             decode_mask=decode_mask,
             prefills=[self._prefill_chunk(*chunk) for chunk in inputs.prefills],
         )
-        return (
+        pool_index = self._tensor(inputs.pool_index) if inputs.pool_index else None
+        return _Step(
             self._tensor(inputs.token_ids),
             self._tensor(inputs.positions),
             self._tensor(inputs.sample_index),
+            pool_index,
+            inputs.pool_lengths,
             batch,
         )
 
@@ -211,6 +244,8 @@ class _FlatInputs:
         self.decode_lens: list[int] = []
         self.prefills: list[tuple[int, int, int, list[int]]] = []
         self.sample_index: list[int] = []
+        self.pool_index: list[int] = []
+        self.pool_lengths: list[int] = []
 
     def add(self, item: ScheduledSeq) -> None:
         start, end = len(self.token_ids), len(self.token_ids) + item.num_tokens
@@ -227,6 +262,9 @@ class _FlatInputs:
             self.prefills.append((start, end, item.start_pos, table))
         if item.sample:
             self.sample_index.append(end - 1)
+        if item.pool:
+            self.pool_index.extend(range(start, end))
+            self.pool_lengths.append(item.num_tokens)
 
 
 def _pick_device(name: str) -> torch.device:

@@ -14,7 +14,7 @@ class ScheduledSeq:
     """``num_tokens`` tokens of ``seq`` to compute this step, from ``start_pos`` on.
 
     ``sample`` is set when the chunk reaches the sequence's end, so that the step
-    yields its next token.
+    yields its next token; an embed request's chunks never sample, they ``pool``.
     """
 
     seq: Sequence
@@ -30,6 +30,14 @@ class ScheduledSeq:
     def block_table(self) -> list[int]:
         return self.seq.block_table
 
+    @property
+    def pool(self) -> bool:
+        return self.seq.request.embed
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.start_pos + self.num_tokens == self.seq.num_tokens
+
 
 @dataclass
 class SchedulerOutput:
@@ -44,6 +52,10 @@ class SchedulerOutput:
     def sampled(self) -> list[ScheduledSeq]:
         return [s for s in self.scheduled if s.sample]
 
+    @property
+    def pooled(self) -> list[ScheduledSeq]:
+        return [s for s in self.scheduled if s.pool]
+
 
 @dataclass
 class RunnerOutput:
@@ -51,6 +63,8 @@ class RunnerOutput:
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any] | None] = field(default_factory=list)
+    # Per item of ``SchedulerOutput.pooled``: its chunk's share of the pooled vector.
+    pooled: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +81,7 @@ class RequestOutput:
     num_output_tokens: int
     # What was wrong, for a request that ends with FinishReason.ERROR.
     error: str | None = None
+    embedding: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.models import FinishReason, SamplingParams
+from shared.models import FinishReason, SamplingParams, Task
 
 if TYPE_CHECKING:
     from worker.engine.grammar import GrammarState
@@ -31,11 +31,20 @@ class EngineRequest:
     output_text: str | None = None
     # Set by the engine for guided requests: the matcher, replayed over output_token_ids.
     grammar: GrammarState | None = None
+    # "embed": prefill only, finished with the prompt's pooled hidden state; ``dimensions``
+    # keeps that many of its first dimensions (then normalised again).
+    task: Task = "generate"
+    dimensions: int | None = None
+
     # Resumed mid-answer after its worker died: its client is waiting for the rest.
     resumed: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.resumed = bool(self.output_token_ids)
+
+    @property
+    def embed(self) -> bool:
+        return self.task == "embed"
 
 
 class SeqStatus(enum.Enum):

@@ -219,7 +219,8 @@ class Scheduler:
     @staticmethod
     def _item(seq: Sequence, num_tokens: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
-        return ScheduledSeq(seq, start, num_tokens, start + num_tokens == seq.num_tokens)
+        sample = start + num_tokens == seq.num_tokens and not seq.request.embed
+        return ScheduledSeq(seq, start, num_tokens, sample)
 
     def _age_waiting(self) -> None:
         """Aging: a waiting request gains a priority point per ``aging_interval_s``."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from producer.batch.lines import BatchInputError, BatchLine, parse_jsonl
+from producer.batch.output import result_line
+from shared.models import FinishReason, Result, Timings, Usage
 from shared.settings import Settings
 from tests.producer.batch.conftest import jsonl
 
@@ -47,7 +50,7 @@ def test_every_bad_line_is_reported_with_its_number() -> None:
             '{"custom_id": "a", "prompt": "ok"}',
             "not json",
             '{"custom_id": "a", "prompt": "again"}',
-            '{"custom_id": "b", "url": "/v1/embeddings", "body": {"input": "x"}}',
+            '{"custom_id": "b", "url": "/v1/audio/speech", "body": {"input": "x"}}',
             '{"custom_id": "c", "body": {"prompt": "x", "n": 2}}',
             '{"prompt": "no id"}',
             '{"custom_id": "d", "body": {"prompt": "x", "tools": []}}',
@@ -59,7 +62,7 @@ def test_every_bad_line_is_reported_with_its_number() -> None:
     assert "6 bad line(s)" in message
     assert "line 2: not JSON" in message
     assert "line 3: custom_id 'a' is used twice" in message
-    assert "line 4: url: '/v1/embeddings' is not supported" in message
+    assert "line 4: url: '/v1/audio/speech' is not supported" in message
     assert "line 5: body.n: only 1 is supported" in message
     assert "line 6: custom_id: give a non-empty string" in message
     assert "line 7: body: unsupported field(s) tools" in message
@@ -112,3 +115,45 @@ def test_bad_structured_or_penalty_fields_name_the_line(
     with pytest.raises(BatchInputError, match="line 1") as caught:
         parse_jsonl(json.dumps({"custom_id": "a", "body": body}), SETTINGS)
     assert says in str(caught.value)
+
+
+def test_an_embeddings_line_embeds_one_text() -> None:
+    body = {"model": "m", "input": ["a text"], "dimensions": 8}
+    text = json.dumps({"custom_id": "e", "url": "/v1/embeddings", "body": body})
+    (line,) = parse_jsonl(text, SETTINGS)
+    assert (line.kind, line.request.task, line.request.prompt) == ("embedding", "embed", "a text")
+    assert line.request.dimensions == 8
+    plain = parse_jsonl('{"custom_id": "f", "input": "plain"}', SETTINGS)[0]
+    assert (plain.kind, plain.request.task) == ("embedding", "embed")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"input": ["one", "two"]}, "body.input: give one text per batch line"),
+        ({"input": "x", "encoding_format": "base64"}, "only 'float' is supported in a batch"),
+        ({"input": "x", "temperature": 1}, "unsupported field(s) temperature"),
+    ],
+)
+def test_bad_embeddings_lines_are_refused(body: dict[str, object], message: str) -> None:
+    line = json.dumps({"custom_id": "e", "url": "/v1/embeddings", "body": body})
+    with pytest.raises(BatchInputError, match=re.escape(message)):
+        parse_jsonl(line, SETTINGS)
+
+
+def test_an_embedding_result_becomes_an_openai_embeddings_body() -> None:
+    result = Result(
+        id="r1",
+        model="m",
+        text="",
+        token_ids=(),
+        finish_reason=FinishReason.STOP,
+        usage=Usage(prompt_tokens=4),
+        timings=Timings(),
+        embedding=(0.6, 0.8),
+    )
+    ok, line = result_line("e", "embedding", result)
+    body = json.loads(line)["response"]["body"]
+    assert ok
+    assert body["data"] == [{"object": "embedding", "index": 0, "embedding": [0.6, 0.8]}]
+    assert body["usage"] == {"prompt_tokens": 4, "total_tokens": 4}

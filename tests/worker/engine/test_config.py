@@ -27,6 +27,7 @@ from worker.engine import EngineConfig
         ("aging_interval_s", 0.0),
         ("max_num_seqs", 2.5),
         ("kv_block_size", True),
+        ("pooling", "max"),
     ],
 )
 def test_an_invalid_field_is_refused_by_name(field: str, value: Any) -> None:
