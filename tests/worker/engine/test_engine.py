@@ -175,6 +175,27 @@ def test_abort_of_a_waiting_request(make_engine: EngineFactory) -> None:
         assert all(o.request_id == first.request_id for o in engine.step())
 
 
+def test_a_prompt_seen_before_is_served_from_the_cache_with_the_same_tokens(
+    engine: Engine,
+) -> None:
+    prompt = chat(engine, "List the planets of the solar system with one fact about each.")
+    alone = tokens_of(run_one(engine, make_request(prompt, max_tokens=12, ignore_eos=True)))
+    # One more reader of the same blocks, cancelled after its first step.
+    cancelled = make_request(prompt, max_tokens=12, ignore_eos=True)
+    engine.add_request(cancelled)
+    engine.step()
+    engine.abort_request(cancelled.request_id)
+    [final] = engine.step()
+    assert final.finish_reason is FinishReason.CANCELLED
+    hits_before = engine.kv_cache.num_hit_tokens
+    again = tokens_of(run_one(engine, make_request(prompt, max_tokens=12, ignore_eos=True)))
+    block_size = engine.kv_cache.block_size
+    assert (
+        engine.kv_cache.num_hit_tokens - hits_before == (len(prompt) - 1) // block_size * block_size
+    )
+    assert again == alone
+
+
 def test_deadline_passing_while_running_finishes_with_timeout(engine: Engine) -> None:
     request = make_request(chat(engine, "Describe the sea."), max_tokens=50, ignore_eos=True)
     request.deadline_unix_s = time.time() + 3600
