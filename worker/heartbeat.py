@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import redis
+from redis.exceptions import NoScriptError
 
 from shared.calls import renew_call
 from shared.keys import Keys
@@ -63,7 +64,11 @@ class Heartbeat(threading.Thread):
                 pipe.hget(s.keys.request(request_id), "cancel")
         self._register(pipe)
         pipe.get(s.keys.worker_control(s.worker_id))
-        replies = pipe.execute()
+        try:
+            replies = pipe.execute()
+        except NoScriptError:  # Redis restarted without its scripts: load them; next beat
+            self.scripts.reload()
+            raise
         self.last_ok_s = time.monotonic()
         if held:
             self._apply(list(held), replies[0], replies[1 : 1 + len(held)])

@@ -71,10 +71,7 @@ def send_step(
     calls = plan.calls(keys, is_cluster(connection))
     if not calls:
         return []
-    pipe = connection.pipeline(transaction=False)
-    for call in calls:
-        scripts.run(call, pipe)
-    pairs = plan.pair(pipe.execute())
+    pairs = plan.pair(scripts.send(calls))  # reloads the scripts after a Redis restart
     settle_ended(connection, scripts, keys, tag, [(p.held, r) for p, r in pairs if p.is_finish])
     return [(p, _final_of(r) if p.is_finish else r) for p, r in pairs]
 
