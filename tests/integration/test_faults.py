@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from producer.client import Client, Handle
+from shared.errors import NotFound
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinishReason, RequestState
 from shared.settings import DEFAULT_MODEL, Settings
@@ -199,7 +200,7 @@ def test_garbage_oversized_prompts_and_a_cancel_storm_leave_the_worker_serving(
 ) -> None:
     serve(real_redis, DEFAULT_MODEL)
     client = Client(connection=real_redis, settings=Settings())
-    garbage = _write_garbage(real_redis)
+    garbage, missing = _write_garbage(real_redis)
     huge = client.submit("word " * 20_000, max_tokens=8)
     items = bodies(20, 64)
     handles = submit_all(client, items)
@@ -219,10 +220,15 @@ def test_garbage_oversized_prompts_and_a_cancel_storm_leave_the_worker_serving(
         status = client.handle(rid).status()
         assert status.state is RequestState.DEAD, (rid, status)
         assert "unreadable payload" in (client.handle(rid).result(timeout=5).error or "")
-    assert real_redis.zrank(Keys().queue(model_tag(DEFAULT_MODEL)), "garbage!!") is None
+    queue = Keys().queue(model_tag(DEFAULT_MODEL))
+    # A queue entry with no request behind it is a stale hint: dropped, never run.
+    assert real_redis.zrank(queue, "garbage!!") is None
+    assert real_redis.zrank(queue, missing) is None
+    with pytest.raises(NotFound):
+        client.handle(missing).status()
 
 
-def _write_garbage(connection: redis.Redis) -> list[str]:
+def _write_garbage(connection: redis.Redis) -> tuple[list[str], str]:
     """Payloads a user could write by hand, an old version or a truncated write."""
     keys, tag = Keys(), model_tag(DEFAULT_MODEL)
     payloads = [
@@ -247,4 +253,4 @@ def _write_garbage(connection: redis.Redis) -> list[str]:
         ids.append(rid)
     missing = new_request_id(DEFAULT_MODEL)  # in the queue, but its hash was never written
     connection.zadd(keys.queue(tag), {missing: 5, "garbage!!": 6})
-    return [*ids, missing]
+    return ids, missing
