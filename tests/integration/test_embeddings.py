@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import base64
 import math
-import signal
 import struct
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
-import redis
 
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL, Settings
-from tests.producer.gateway.process import gateway_process
+from tests.integration.openai_stack import openai_stack
 from tests.reference import embedding_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -39,28 +34,8 @@ def references() -> list[list[float]]:
 def client(
     redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[openai.OpenAI]:
-    redis.Redis.from_url(redis_server.url).flushall()
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL]
-    with log_path.open("wb") as log, gateway_process(redis_server.url) as url:
-        worker = subprocess.Popen([*cmd, "--redis", redis_server.url], stdout=log, stderr=log)
-        try:
-            with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as c:
-                _wait_for_worker(c, worker, log_path)
-                yield c
-        finally:
-            worker.send_signal(signal.SIGKILL)
-            worker.wait(timeout=30)
-
-
-def _wait_for_worker(c: openai.OpenAI, worker: subprocess.Popen[bytes], log: Path) -> None:
-    for _ in range(600):
-        if worker.poll() is not None:
-            pytest.fail(f"the worker exited: {log.read_text()[-2000:]}")
-        if [m.id for m in c.models.list()] == [DEFAULT_MODEL]:
-            return
-        time.sleep(0.2)
-    pytest.fail("the worker did not register in 120s")
+    with openai_stack(redis_server.url, tmp_path_factory.mktemp("worker")) as c:
+        yield c
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -4,24 +4,18 @@ package against a gateway process and a worker on the default model."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pydantic
 import pytest
-import redis
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL
-from tests.producer.gateway.process import gateway_process
+from tests.integration.openai_stack import openai_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PERSON: dict[str, Any] = {
@@ -88,28 +82,8 @@ class City(pydantic.BaseModel):
 def client(
     redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[openai.OpenAI]:
-    redis.Redis.from_url(redis_server.url).flushall()
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL]
-    with log_path.open("wb") as log, gateway_process(redis_server.url) as url:
-        worker = subprocess.Popen([*cmd, "--redis", redis_server.url], stdout=log, stderr=log)
-        try:
-            with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as c:
-                _wait_for_worker(c, worker, log_path)
-                yield c
-        finally:
-            worker.send_signal(signal.SIGKILL)
-            worker.wait(timeout=30)
-
-
-def _wait_for_worker(c: openai.OpenAI, worker: subprocess.Popen[bytes], log: Path) -> None:
-    for _ in range(600):
-        if worker.poll() is not None:
-            pytest.fail(f"the worker exited: {log.read_text()[-2000:]}")
-        if [m.id for m in c.models.list()] == [DEFAULT_MODEL]:
-            return
-        time.sleep(0.2)
-    pytest.fail("the worker did not register in 120s")
+    with openai_stack(redis_server.url, tmp_path_factory.mktemp("worker")) as c:
+        yield c
 
 
 def chat(c: openai.OpenAI, **fields: Any) -> Any:

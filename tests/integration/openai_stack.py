@@ -1,0 +1,47 @@
+"""A gateway process and a worker process on the default model, for the unmodified
+``openai`` package to talk to."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+import redis
+
+from shared.settings import DEFAULT_MODEL
+from tests.producer.gateway.process import gateway_process
+
+
+@contextmanager
+def openai_stack(redis_url: str, log_dir: Path) -> Iterator[openai.OpenAI]:
+    """An ``openai.OpenAI`` client on a fresh gateway and worker (the worker's log in
+    ``log_dir``); both are stopped after."""
+    redis.Redis.from_url(redis_url).flushall()
+    log_path = log_dir / "worker.log"
+    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL]
+    with log_path.open("wb") as log, gateway_process(redis_url) as url:
+        worker = subprocess.Popen([*cmd, "--redis", redis_url], stdout=log, stderr=log)
+        try:
+            with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as c:
+                _wait_for_worker(c, worker, log_path)
+                yield c
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+
+
+def _wait_for_worker(c: openai.OpenAI, worker: subprocess.Popen[bytes], log: Path) -> None:
+    for _ in range(600):
+        if worker.poll() is not None:
+            pytest.fail(f"the worker exited: {log.read_text()[-2000:]}")
+        if [m.id for m in c.models.list()] == [DEFAULT_MODEL]:
+            return
+        time.sleep(0.2)
+    pytest.fail("the worker did not register in 120s")
