@@ -15,6 +15,7 @@ import typer
 from producer.cli_options import RedisOpt, settings_for
 from producer.dashboard.config import DashboardConfig, load_config
 
+GRACEFUL_SHUTDOWN_S = 5
 PREFIX = "/admin"  # where producer.dashboard.app serves it
 
 
@@ -48,7 +49,15 @@ def dashboard(
         typer.echo("TOKENQ_ADMIN_TOKEN is not set: made a one-off admin token for this run.")
     typer.echo(f"tokenq dashboard: {link}")
     app = create_dashboard_app(settings_for(redis_url), config)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
+    # Open live views (SSE) must not hold a SIGTERM for minutes: close them after a grace.
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
 
 
 def _config(read_only_view: bool, sample_interval_s: float | None) -> DashboardConfig:
