@@ -43,6 +43,9 @@ def worker(
         str, typer.Option(help="how embeddings pool the last hidden state: mean, last or cls")
     ] = "mean",
     burst: Annotated[bool, typer.Option(help="exit once the queue is empty")] = False,
+    enforce_eager: Annotated[
+        bool, typer.Option(help="on CUDA, run every step eagerly (no CUDA graphs)")
+    ] = False,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
@@ -59,6 +62,7 @@ def worker(
         kv_cache_mib=kv_cache_mib,
         pooling=pooling,
         burst=burst,
+        enforce_eager=enforce_eager,
     )
     try:
         config = engine_config(opts)
