@@ -269,3 +269,16 @@ def test_a_line_partly_sent_when_the_batch_is_cancelled_ends_as_an_error(
     )
     (error,) = batches.results(batch_id)[1]
     assert orjson.loads(error)["error"]["code"] == "batch_cancelled"
+
+
+def test_a_logprobs_line_is_rendered_from_its_requests_stream(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    batches = make_batches()
+    body = chat_body(logprobs=True, top_logprobs=2)
+    batch_id = batches.submit([{"custom_id": "lp", "body": body}])
+    drive(batches, batch_id, tokenq_worker())
+    (output,) = batches.results(batch_id)[0]
+    (choice,) = orjson.loads(output)["response"]["body"]["choices"]
+    # The scripted engine computes no logprobs; the text comes from the stream's events.
+    assert (choice["message"]["content"], choice["logprobs"]) == ("t0t1t2", {"content": []})

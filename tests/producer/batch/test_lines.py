@@ -8,7 +8,16 @@ import pytest
 
 from producer.batch.lines import BatchInputError, BatchLine, LineError, parse_jsonl
 from producer.batch.output import refused_line, result_line
-from shared.models import FinishReason, GenerationRequest, Result, Timings, Usage
+from producer.gateway.entries import parse_entry
+from shared.models import (
+    FinishReason,
+    GenerationRequest,
+    Result,
+    Timings,
+    TokenEvent,
+    Usage,
+    dumps,
+)
 from shared.settings import Settings
 from tests.producer.batch.conftest import jsonl
 
@@ -273,3 +282,15 @@ def test_a_refused_lines_error_line_carries_the_routes_answer() -> None:
     error = out["response"]["body"]["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", "temperature")
     assert out["error"] == {"code": error["code"], "message": error["message"]}
+
+
+def test_a_logprobs_lines_output_carries_its_streams_logprobs() -> None:
+    (line,) = parse_jsonl(chat_line(logprobs=True, top_logprobs=1), SETTINGS)
+    assert line.logprobs and request_of(line).sampling.logprobs == 1
+    top = {"token_id": 7, "logprob": -0.25, "top": [{"token_id": 7, "logprob": -0.25}]}
+    event = TokenEvent(index=0, token_ids=(7,), text="hi", logprobs=(top,))
+    stream = [parse_entry("1-0", {b"e": dumps(event)})]
+    ok, out = result_line(line, [result("r1", "hi", 1)], [stream])
+    (entry,) = json.loads(out)["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert ok and (entry["token"], entry["logprob"]) == ("hi", -0.25)
+    assert entry["top_logprobs"] == [{"token": "hi", "logprob": -0.25, "bytes": None}]
