@@ -189,7 +189,8 @@ class BatchKeys:
         return self._b(batch_id, "lines")
 
     def pending(self, batch_id: str) -> str:
-        """Hash custom_id -> request id, for lines in tokenq's queue or running."""
+        """Hash custom_id -> ``<kind>:<request ids, one per choice>:<line index>:<n>``,
+        for lines in tokenq's queue or running."""
         return self._b(batch_id, "pending")
 
     def outputs(self, batch_id: str) -> str:

@@ -130,6 +130,8 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
         "max_num_seqs": engine.config.max_num_seqs,
         "kv_cache_mib": engine.kv_cache_budget_bytes // 2**20,
     }
+    if engine.embedding_size is not None:  # the gateway refuses larger ``dimensions``
+        info["embedding_size"] = engine.embedding_size
     s = service.settings
     heartbeat = Heartbeat(service, connect(s.redis_url, s.redis_cluster), info)
     heartbeat.beat()

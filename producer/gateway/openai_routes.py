@@ -22,7 +22,7 @@ from producer.gateway.openai_output import (
     failure,
     stream_end,
 )
-from producer.gateway.openai_requests import chat_request, completion_request, fan_out
+from producer.gateway.openai_requests import chat_request, completion_request
 from producer.gateway.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -33,6 +33,7 @@ from producer.gateway.openai_schemas import (
 )
 from producer.gateway.registry import LiveModel
 from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
+from producer.requests import choice_requests
 from shared.errors import NotFound, TokenqError
 from shared.models import FinalEvent, GenerationRequest
 
@@ -78,7 +79,7 @@ async def completions(
     body: CompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Continue a prompt (OpenAI-compatible; one prompt per request)."""
-    gens = fan_out(completion_request(body, caller), body.n)
+    gens = choice_requests(completion_request(body, caller), body.n)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     renderers = [Renderer("text", "", gens[0].model, include_usage, i) for i in range(body.n)]
     want_logprobs = body.logprobs is not None

@@ -72,6 +72,12 @@ class Engine:
         self.pooler = Pooler(config.pooling)
 
     @property
+    def embedding_size(self) -> int | None:
+        """The length of this model's embeddings (its hidden size): the most
+        ``dimensions`` an embed request may keep."""
+        return self.runner.hidden_size
+
+    @property
     def kv_cache_budget_bytes(self) -> int:
         return self.kv_cache.num_blocks * self.kv_cache.block_size * self.runner.kv_bytes_per_token
 

@@ -46,6 +46,7 @@ class ScriptedWorker:
     step_s: float = 0.005
     num_tokens: int = 8  # tokens per answer, at most max_tokens
     max_num_seqs: int = 64
+    embedding_size: int | None = None  # registered, as a real worker's hidden size is
     running: dict[str, _Running] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -68,6 +69,8 @@ class ScriptedWorker:
             "state": "serving",
             "heartbeat_ms": str(int(time.time() * 1000)),
         }
+        if self.embedding_size is not None:
+            fields["embedding_size"] = str(self.embedding_size)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
         pipe.pexpire(self.keys.worker(self.worker_id), 10_000)
