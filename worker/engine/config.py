@@ -62,8 +62,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must name a model or a path, got an empty string")
-        _at_least("max_num_seqs", self.max_num_seqs, 1, optional=True)
-        _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1, optional=True)
+        # None means the device's default; a value set must be valid (the message
+        # speaks to the operator who set it).
+        if self.max_num_seqs is not None:
+            _at_least("max_num_seqs", self.max_num_seqs, 1)
+        if self.max_num_batched_tokens is not None:
+            _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _at_least("kv_cache_mib", self.kv_cache_mib, 1, optional=True)
         _at_least("kv_block_size", self.kv_block_size, 1)
         _at_least("prefill_chunk_tokens", self.prefill_chunk_tokens, 1, optional=True)
