@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -11,6 +12,7 @@ from starlette.requests import Request
 from producer.dashboard.actions import check_request_id
 from producer.dashboard.auth import require_act
 from producer.dashboard.service import Dashboard
+from shared.keys import check_batch_id
 
 MAX_PURGE = 100_000
 
@@ -28,6 +30,14 @@ def add_routes(router: APIRouter, dash: Dashboard) -> None:
         """result: 'cancelled' (was queued), 'requested' (running; stops within a step),
         or 'done' (had already ended)."""
         return {"id": request_id, "result": await dash.admin.cancel(check_request_id(request_id))}
+
+    @router.post("/api/batches/{batch_id}/cancel", dependencies=act)
+    async def cancel_batch(batch_id: str) -> dict[str, Any]:
+        """Stop a batch: its queued lines are removed, running ones stop within a step;
+        state: the batch's state after it ('cancelled', or as it was if it had ended)."""
+        check_batch_id(batch_id)
+        status = await asyncio.to_thread(dash.batches().cancel, batch_id)
+        return {"id": batch_id, "state": status.state.value}
 
     @router.post("/api/requests/{request_id}/retry", dependencies=act)
     async def retry(request_id: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
 from shared.reaper import reap_once
 from shared.scripts import Scripts
 from shared.settings import Settings
+from shared.usage import last_hours, parse_usage, read_commands
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
 from worker.service import WorkerService
@@ -265,3 +266,25 @@ def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     busy.run(burst=True)
     events = [e.event for e in resumed.stream() if isinstance(e.event, TokenEvent)]
     assert [e.index for e in events] == [0, 1, 2, 3, 4]
+
+
+def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: Any) -> None:
+    client, service, _ = setup
+    long = "w " * 40  # 40 prompt tokens, 50 generated: beyond enqueue's estimate
+    h = client.submit(long, model=MODEL, max_tokens=50, metadata={"tenant": "acme"})
+    service.run(burst=True)
+    result = h.result(timeout=1)
+    hours = last_hours(1)
+    pipe = client.redis.pipeline(transaction=False)
+    for command in read_commands(client.keys, hours):
+        pipe.execute_command(*command)
+    (row,) = parse_usage(hours, pipe.execute())
+    assert (row.tenant, row.prompt_tokens, row.completion_tokens, row.requests) == (
+        "acme",
+        result.usage.prompt_tokens,
+        result.usage.completion_tokens,
+        1,
+    )
+    tags = client.redis.zrange(client.keys.fair_tags(model_tag(MODEL)), 0, -1)
+    assert tags == [b"50:acme"]  # charged for what it used beyond the estimate
+    assert 'tenant="acme"' in service.metrics.render().decode()
