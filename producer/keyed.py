@@ -30,7 +30,10 @@ def find_key(settings: Settings, api_key: str) -> ApiKey:
 
 def as_tenant(request: GenerationRequest, key: ApiKey) -> GenerationRequest:
     """The request as the key's tenant submits it (its metadata's claims replaced)."""
-    metadata = {**request.metadata, TENANT: key.tenant, TENANT_WEIGHT: key.weight}
+    metadata = {k: v for k, v in request.metadata.items() if k != TENANT_WEIGHT}
+    metadata[TENANT] = key.tenant
+    if key.weight != 1.0:
+        metadata[TENANT_WEIGHT] = key.weight
     return request.model_copy(update={"metadata": metadata})
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from producer.cli_options import RedisOpt, cli_errors, settings_for
 from producer.client import Client
-from shared.usage import TenantUsage, last_hours, parse_usage, read_commands, totals
+from shared.usage import TenantUsage, last_hours, read_usage, totals
 
 console = Console(stderr=True)
 out = Console()
@@ -25,11 +25,7 @@ def usage(
 ) -> None:
     """Usage per tenant: prompt tokens, generated tokens and requests (UTC hours)."""
     with cli_errors(console, redis_url), Client(settings=settings_for(redis_url)) as client:
-        span = last_hours(hours)
-        replies = client.redis.pipeline(transaction=False)
-        for command in read_commands(client.keys, span):
-            replies.execute_command(*command)
-        rows = parse_usage(span, replies.execute())
+        rows = read_usage(client.redis, client.keys, last_hours(hours))
     rows = [r for r in rows if tenant is None or r.tenant == tenant]
     out.print(_table(rows if by_hour else totals(rows), by_hour, hours))
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from producer.dashboard.values import int_or_none
 from shared.keys import BatchKeys, Keys
 from shared.replies import text
-from shared.usage import last_hours, parse_usage, read_commands, totals
+from shared.usage import last_hours, read_usage_async, totals
 
 USAGE_HOURS = 24
 
@@ -78,11 +78,7 @@ def _batch(
 
 async def usage_rows(r: redis.asyncio.Redis, keys: Keys, now_s: float) -> list[UsageRow]:
     """Each tenant's usage over the last ``USAGE_HOURS`` hours, the heaviest first."""
-    hours = last_hours(USAGE_HOURS, now_s)
-    pipe = r.pipeline(transaction=False)
-    for command in read_commands(keys, hours):
-        pipe.execute_command(*command)
-    rows = totals(parse_usage(hours, await pipe.execute()))
+    rows = totals(await read_usage_async(r, keys, last_hours(USAGE_HOURS, now_s)))
     return [
         UsageRow(
             tenant=u.tenant,

@@ -153,5 +153,9 @@ BackendDep = Annotated[Backend, Depends(get_backend)]
 
 
 def weighted(request: GenerationRequest, weight: float) -> GenerationRequest:
-    """The request with its key's weight, whatever its body's metadata said."""
-    return request.model_copy(update={"metadata": {**request.metadata, TENANT_WEIGHT: weight}})
+    """The request with its key's weight, whatever its body's metadata said (1, the
+    default, is left unsaid)."""
+    metadata = {k: v for k, v in request.metadata.items() if k != TENANT_WEIGHT}
+    if weight != 1.0:
+        metadata[TENANT_WEIGHT] = weight
+    return request.model_copy(update={"metadata": metadata})

@@ -18,7 +18,7 @@ from shared.keys import Keys
 from shared.models import TENANT, TENANT_WEIGHT
 from shared.replies import text
 from shared.settings import Settings
-from shared.usage import last_hours, parse_usage, read_commands, totals
+from shared.usage import last_hours, read_usage, totals
 from tests.conftest import serve
 from tests.integration.faults import wait_until
 from tests.integration.sim_fleet import sim_fleet
@@ -108,11 +108,8 @@ def test_usage_per_tenant_equals_the_sum_of_its_requests_usage(
     }
     with sim_fleet(redis_server.url, SIM, 2, client.settings):
         results = {t: [h.result(timeout=60) for h in hs] for t, hs in handles.items()}
-    hours = last_hours(2)
-    pipe = client.redis.pipeline(transaction=False)
-    for command in read_commands(Keys(), hours):
-        pipe.execute_command(*command)
-    recorded = {u.tenant: u for u in totals(parse_usage(hours, pipe.execute()))}
+    rows = read_usage(client.redis, Keys(), last_hours(2))
+    recorded = {u.tenant: u for u in totals(rows)}
     for tenant, rs in results.items():
         u = recorded[tenant]
         assert u.prompt_tokens == sum(r.usage.prompt_tokens for r in rs)

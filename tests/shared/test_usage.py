@@ -14,8 +14,7 @@ from shared.usage import (
     TenantUsage,
     hour_of,
     last_hours,
-    parse_usage,
-    read_commands,
+    read_usage,
     record_call,
     totals,
 )
@@ -24,10 +23,7 @@ NOW_S = 1_800_000_000.0
 
 
 def read(r: redis.Redis, hours: list[int]) -> list[TenantUsage]:
-    pipe = r.pipeline(transaction=False)
-    for command in read_commands(Keys(), hours):
-        pipe.execute_command(*command)
-    return parse_usage(hours, pipe.execute())
+    return read_usage(r, Keys(), hours)
 
 
 def test_usage_adds_up_per_tenant_and_hour_and_expires(any_redis: redis.Redis) -> None:

@@ -15,7 +15,7 @@ from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
 from shared.reaper import reap_once
 from shared.scripts import Scripts
 from shared.settings import Settings
-from shared.usage import last_hours, parse_usage, read_commands
+from shared.usage import last_hours, read_usage
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
 from worker.service import WorkerService
@@ -274,11 +274,7 @@ def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: An
     h = client.submit(long, model=MODEL, max_tokens=50, metadata={"tenant": "acme"})
     service.run(burst=True)
     result = h.result(timeout=1)
-    hours = last_hours(1)
-    pipe = client.redis.pipeline(transaction=False)
-    for command in read_commands(client.keys, hours):
-        pipe.execute_command(*command)
-    (row,) = parse_usage(hours, pipe.execute())
+    (row,) = read_usage(client.redis, client.keys, last_hours(1))
     assert (row.tenant, row.prompt_tokens, row.completion_tokens, row.requests) == (
         "acme",
         result.usage.prompt_tokens,
