@@ -32,7 +32,10 @@ def hour_of(unix_s: float) -> int:
 
 
 def record_call(
-    keys: Keys, settings: Settings, used: list[tuple[str | None, Usage]], now_s: float | None = None
+    keys: Keys,
+    settings: Settings,
+    used: Sequence[tuple[str | None, Usage]],
+    now_s: float | None = None,
 ) -> ScriptCall:
     """usage.lua: each (tenant, usage) added to the current hour."""
     key = keys.usage(hour_of(time.time() if now_s is None else now_s))

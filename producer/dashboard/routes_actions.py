@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -12,7 +11,6 @@ from starlette.requests import Request
 from producer.dashboard.actions import check_request_id
 from producer.dashboard.auth import require_act
 from producer.dashboard.service import Dashboard
-from shared.keys import check_batch_id
 
 MAX_PURGE = 100_000
 
@@ -34,10 +32,8 @@ def add_routes(router: APIRouter, dash: Dashboard) -> None:
     @router.post("/api/batches/{batch_id}/cancel", dependencies=act)
     async def cancel_batch(batch_id: str) -> dict[str, Any]:
         """Stop a batch: its queued lines are removed, running ones stop within a step;
-        state: the batch's state after it ('cancelled', or as it was if it had ended)."""
-        check_batch_id(batch_id)
-        status = await asyncio.to_thread(dash.batches().cancel, batch_id)
-        return {"id": batch_id, "state": status.state.value}
+        state: 'cancelling' (its driver ends it shortly), or the state it had ended in."""
+        return {"id": batch_id, "state": await dash.admin.cancel_batch(dash.bkeys, batch_id)}
 
     @router.post("/api/requests/{request_id}/retry", dependencies=act)
     async def retry(request_id: str) -> dict[str, Any]:

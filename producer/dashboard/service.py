@@ -13,8 +13,6 @@ from typing import Any
 import redis.asyncio
 from pydantic import BaseModel
 
-from producer.batch.ops import Batches
-from producer.client import Client
 from producer.dashboard.actions import AsyncAdmin
 from producer.dashboard.batches import BatchRow, UsageRow, batch_rows, usage_rows
 from producer.dashboard.config import DashboardConfig
@@ -47,7 +45,6 @@ class Dashboard:
         self.keys = Keys(settings.namespace)
         self.dkeys = Keys(settings.namespace)
         self.bkeys = BatchKeys(settings.namespace)
-        self._batches: Batches | None = None
         self._source = source
         self._redis: redis.asyncio.Redis | None = None
         self._scripts: AsyncScripts | None = None
@@ -67,12 +64,6 @@ class Dashboard:
         if self._scripts is None:
             self._scripts = AsyncScripts(self.redis)
         return AsyncAdmin(self.redis, self.keys, self.settings, self._scripts)
-
-    def batches(self) -> Batches:
-        """The batch operations (sync, as RQ is: call them off the event loop)."""
-        if self._batches is None:
-            self._batches = Batches(Client(settings=self.settings))
-        return self._batches
 
     @asynccontextmanager
     async def lifespan(self, _app: Any) -> AsyncIterator[None]:
