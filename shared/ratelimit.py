@@ -4,7 +4,9 @@ Enforced in Redis by ratelimit.lua on the key's own slot (``Keys.rate_limit``), 
 every gateway and every Python client carrying that key shares one budget. A request
 is charged its prompt (estimated from its length) plus ``max_tokens``, when it is
 submitted, as OpenAI counts it: what it will generate is not known yet, and a limit
-that charged it later could not refuse the burst that overruns it.
+that charged it later could not refuse the burst that overruns it. A request the
+limits admit but the queue then refuses (full) keeps its charge: a client retrying a
+full queue in a loop is held to its rate like any other.
 
 A concurrent place is held from submit until the request ends. The place is taken
 under a placeholder before the request has an id and moved to the id once it is
