@@ -58,17 +58,17 @@ def _check_range(value: int) -> int:
 # before all new work: it was admitted at its priority already and its stream has a
 # reader waiting mid-answer, while new work has shown nobody anything yet. Within each
 # of the two regions, one band of SCORE_BAND per priority, the highest priority lowest,
-# and within a band the tenants' weighted fair order (``seq`` is a virtual start time,
-# see shared/fairness.py; one tenant's requests keep their arrival order). Always an
-# exact integer below 2**53, so a double holds it. The Lua scripts get these numbers from here
+# and arrival order (``seq``) within a band. Always an exact integer below 2**53, so a
+# double holds it. The Lua scripts get these numbers from here
 # (``shared.scripts.load_source``), and the dashboard reads bands with them.
 SCORE_BAND = 2**45
 FRESH_OFFSET = (MAX_PRIORITY - MIN_PRIORITY + 1) * SCORE_BAND
 
 
 def queue_score(priority: int, seq: int, *, resumed: bool = False) -> int:
-    """The queue score of a request of ``priority`` at ``seq`` in its band (its virtual
-    start time: shared.fairness)."""
+    """The queue score of a request of ``priority`` at ``seq`` in its band. Since tenants
+    share a band fairly, ``seq`` is the request's virtual start time there (see
+    shared.fairness), not an arrival number; one tenant's requests keep their order."""
     return (0 if resumed else FRESH_OFFSET) + (MAX_PRIORITY - priority) * SCORE_BAND + seq
 
 

@@ -45,6 +45,24 @@ def test_claims_only_what_fits_then_drains_the_queue(setup: Any) -> None:
         assert indexes == [0, 1, 2]
 
 
+def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: Any) -> None:
+    client, service, _ = setup
+    long = "w " * 40  # 40 prompt tokens, 50 generated: beyond enqueue's estimate
+    h = client.submit(long, model=MODEL, max_tokens=50, metadata={"tenant": "acme"})
+    service.run(burst=True)
+    result = h.result(timeout=1)
+    (row,) = read_usage(client.redis, client.keys, last_hours(1))
+    assert (row.tenant, row.prompt_tokens, row.completion_tokens, row.requests) == (
+        "acme",
+        result.usage.prompt_tokens,
+        result.usage.completion_tokens,
+        1,
+    )
+    tags = client.redis.zrange(client.keys.fair_tags(model_tag(MODEL)), 0, -1)
+    assert tags == [b"50:acme"]  # charged for what it used beyond the estimate
+    assert 'tenant="acme"' in service.metrics.render().decode()
+
+
 def test_cancel_of_a_running_request_ends_its_stream_within_a_step(setup: Any) -> None:
     client, service, _ = setup
     h = client.submit("p", model=MODEL, max_tokens=50)
@@ -266,21 +284,3 @@ def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     busy.run(burst=True)
     events = [e.event for e in resumed.stream() if isinstance(e.event, TokenEvent)]
     assert [e.index for e in events] == [0, 1, 2, 3, 4]
-
-
-def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: Any) -> None:
-    client, service, _ = setup
-    long = "w " * 40  # 40 prompt tokens, 50 generated: beyond enqueue's estimate
-    h = client.submit(long, model=MODEL, max_tokens=50, metadata={"tenant": "acme"})
-    service.run(burst=True)
-    result = h.result(timeout=1)
-    (row,) = read_usage(client.redis, client.keys, last_hours(1))
-    assert (row.tenant, row.prompt_tokens, row.completion_tokens, row.requests) == (
-        "acme",
-        result.usage.prompt_tokens,
-        result.usage.completion_tokens,
-        1,
-    )
-    tags = client.redis.zrange(client.keys.fair_tags(model_tag(MODEL)), 0, -1)
-    assert tags == [b"50:acme"]  # charged for what it used beyond the estimate
-    assert 'tenant="acme"' in service.metrics.render().decode()
