@@ -46,7 +46,7 @@ def submit_flow(
         return (yield from enqueue_flow(keys, settings, list(reqs)))
     now_ms = int(time.time() * 1000)
     flow = limited_enqueue_flow(keys, settings, key.bucket, key.limits, reqs, now_ms)
-    enqueued, refused = yield from flow
-    if refused is not None:
-        raise rate_limited(refused)
+    enqueued, last = yield from flow
+    if last is not None and not last.ok:
+        raise rate_limited(last)
     return enqueued

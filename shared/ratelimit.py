@@ -152,14 +152,14 @@ def limited_enqueue_flow(
     reqs: Sequence[GenerationRequest],
     now_ms: int,
 ) -> Flow[tuple[list[Enqueued], Verdict | None]]:
-    """Admit the requests under the limits one by one and enqueue those admitted; the
-    verdict of the first one refused (the rest are not tried), else None."""
+    """Admit the requests under the limits one by one and enqueue those admitted. The
+    last verdict: the first refusal (the rest are not tried), else the last admission
+    (its figures are the x-ratelimit-* headers); None for no requests."""
     admitted: list[tuple[GenerationRequest, str]] = []
-    refused: Verdict | None = None
+    last: Verdict | None = None
     for req in reqs:
-        verdict, member = yield from admit_flow(keys, settings, bucket, limits, req)
-        if not verdict.ok:
-            refused = verdict
+        last, member = yield from admit_flow(keys, settings, bucket, limits, req)
+        if not last.ok:
             break
         admitted.append((req, member))
     enqueued = yield from enqueue_flow(keys, settings, [r for r, _ in admitted])
@@ -168,7 +168,7 @@ def limited_enqueue_flow(
         for (_, member), e in zip(admitted, enqueued, strict=True)
         for c in hold_commands(keys, bucket, member, _held_id(e), now_ms)
     ]
-    return enqueued, refused
+    return enqueued, last
 
 
 def _held_id(enqueued: Enqueued) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import redis.asyncio
@@ -22,7 +22,7 @@ from shared.errors import NotFound
 from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys
 from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest, RequestStatus, Result
-from shared.ratelimit import limited_enqueue_flow, rate_limited
+from shared.ratelimit import headers, limited_enqueue_flow, rate_limited
 from shared.reads import run_read_async, view_read
 from shared.replies import text
 from shared.scripts import AsyncScripts
@@ -34,6 +34,7 @@ class Submitted:
     request_id: str
     duplicate: bool
     request: GenerationRequest
+    rate_headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, if limited
 
 
 class Backend:
@@ -63,26 +64,29 @@ class Backend:
         if caller is not None:
             request = weighted(request, caller.weight)
         request = validate_request(self.settings, request)
-        enqueued = await self._enqueue(request, caller)
+        enqueued, rate_headers = await self._enqueue(request, caller)
         accepted([enqueued], [request], self.settings)
         if not enqueued.duplicate:
             self.metrics.accepted(request.model, request.priority, api)
-        return Submitted(enqueued.request_id, enqueued.duplicate, request)
+        return Submitted(enqueued.request_id, enqueued.duplicate, request, rate_headers)
 
-    async def _enqueue(self, request: GenerationRequest, caller: Principal | None) -> Enqueued:
+    async def _enqueue(
+        self, request: GenerationRequest, caller: Principal | None
+    ) -> tuple[Enqueued, dict[str, str]]:
+        """The enqueue's outcome, and the caller's x-ratelimit-* figures when it has limits."""
         if caller is None or not caller.limits.any:
             (enqueued,) = await drive_async(
                 self._scripts, enqueue_flow(self.keys, self.settings, [request])
             )
-            return enqueued
+            return enqueued, {}
         now_ms = int(time.time() * 1000)
         flow = limited_enqueue_flow(
             self.keys, self.settings, caller.bucket, caller.limits, [request], now_ms
         )
-        done, refused = await drive_async(self._scripts, flow)
-        if refused is not None:
-            raise rate_limited(refused)
-        return done[0]
+        done, verdict = await drive_async(self._scripts, flow)
+        if verdict is not None and not verdict.ok:
+            raise rate_limited(verdict)
+        return done[0], {} if verdict is None else headers(verdict)
 
     async def view(
         self, request_id: str, scope: str | None = None

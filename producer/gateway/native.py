@@ -102,6 +102,7 @@ async def submit(
         _request(body, caller, backend.settings), api="native", caller=caller
     )
     status = await backend.status(submitted.request_id)
+    response.headers.update(submitted.rate_headers)
     if submitted.duplicate:
         response.status_code = 200
     return SubmitReply(

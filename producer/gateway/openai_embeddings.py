@@ -79,6 +79,7 @@ async def embeddings(
     await check_dimensions(backend, body)
     submitted = await submit_all(backend, gens, API, caller)
     headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
+    headers.update(submitted[-1].rate_headers)
     finals = await unless_disconnected(request, _finals(backend, submitted))
     if finals is None:
         backend.metrics.disconnects.labels(API).inc()

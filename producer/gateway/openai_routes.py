@@ -121,6 +121,7 @@ async def _answer(
     for renderer in renderers:
         renderer.request_id = submitted[0].request_id
     headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
+    headers.update(submitted[-1].rate_headers)
     if stream:
         return _stream(backend, submitted, renderers, headers)
     collect = asyncio.gather(

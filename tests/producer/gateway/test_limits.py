@@ -43,9 +43,11 @@ def test_over_requests_per_minute_answers_429_with_openais_headers(
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with limited.client() as http:
         plain = {"model": MODEL, "prompt": "x"}
-        codes = [http.post("/v1/requests", json=plain, headers=HEAVY).status_code for _ in "12"]
+        admitted = [http.post("/v1/requests", json=plain, headers=HEAVY) for _ in "12"]
         refused = http.post("/v1/chat/completions", json=chat, headers=HEAVY)
-    assert codes == [202, 202]
+    assert [r.status_code for r in admitted] == [202, 202]
+    remaining = [r.headers["x-ratelimit-remaining-requests"] for r in admitted]
+    assert remaining == ["1", "0"]  # every answer carries the figures, as OpenAI's do
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert "2 requests per minute" in refused.json()["error"]["message"]
