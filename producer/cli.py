@@ -19,6 +19,7 @@ from producer.cli_options import RedisOpt, cli_errors, settings_for
 from producer.client import Client, Handle
 from producer.dashboard.cli import dashboard
 from producer.gateway.cli import gateway
+from producer.usage_cli import usage
 from shared.models import FinalEvent, TokenEvent
 from shared.settings import DEFAULT_MODEL
 
@@ -111,6 +112,7 @@ app.add_typer(dead_app, name="dead")
 app.add_typer(batch_app, name="batch")
 app.command()(dashboard)
 app.command()(gateway)
+app.command()(usage)
 
 
 def _client(redis_url: str | None) -> Client:

@@ -77,8 +77,9 @@ async def embeddings(
     """Embed a text or a list of texts (OpenAI-compatible; L2-normalised vectors)."""
     gens = embed_requests(body, caller)
     await check_dimensions(backend, body)
-    submitted = await submit_all(backend, gens, API)
+    submitted = await submit_all(backend, gens, API, caller)
     headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
+    headers.update(submitted[-1].rate_headers)
     finals = await unless_disconnected(request, _finals(backend, submitted))
     if finals is None:
         backend.metrics.disconnects.labels(API).inc()
