@@ -38,6 +38,19 @@ class StreamAudit:
     duplicated_tokens: int
     longest_gap_ms: int
     final: FinalEvent | None
+    stamps_ms: list[int] = field(default_factory=list)  # when each event was written
+
+    def silence_across(self, at_ms: int) -> int:
+        """How long the stream was silent around ``at_ms``: from its last event at or
+        before it to its first after it; 0 when it had none before or none after."""
+        before = [s for s in self.stamps_ms if s <= at_ms]
+        after = [s for s in self.stamps_ms if s > at_ms]
+        return after[0] - before[-1] if before and after else 0
+
+    def longest_gap_outside_ms(self, at_ms: list[int]) -> int:
+        """The longest silence that spans none of the moments ``at_ms``."""
+        gaps = itertools.pairwise(self.stamps_ms)
+        return max((b - a for a, b in gaps if not any(a <= t < b for t in at_ms)), default=0)
 
 
 def audit_stream(connection: redis.Redis, request_id: str) -> StreamAudit:
@@ -54,7 +67,7 @@ def audit_stream(connection: redis.Redis, request_id: str) -> StreamAudit:
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     final = events[-1].event if events and isinstance(events[-1].event, FinalEvent) else None
     ids = [tid for t in tokens for tid in t.token_ids]
-    return StreamAudit(ids, contiguous, duplicated, max(gaps, default=0), final)
+    return StreamAudit(ids, contiguous, duplicated, max(gaps, default=0), final, stamps)
 
 
 @dataclass
@@ -93,6 +106,24 @@ class RedisProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+def redis_now_ms(connection: redis.Redis) -> int:
+    """Redis's clock, the one its stream ids are stamped with."""
+    seconds, micros = connection.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def running_on(connection: redis.Redis, request_ids: list[str], pid: int) -> list[str]:
+    """The requests whose hash says a worker process ``pid`` runs them."""
+    pipe = connection.pipeline(transaction=False)
+    for rid in request_ids:
+        pipe.hmget(Keys().request(rid), "state", "worker")
+    held = []
+    for rid, (state, worker) in zip(request_ids, pipe.execute(), strict=True):
+        if state == b"running" and worker is not None and f"-{pid}-" in worker.decode():
+            held.append(rid)
+    return held
 
 
 def all_done(client: Client, ids: list[str]) -> Callable[[], bool]:
