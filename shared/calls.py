@@ -32,6 +32,8 @@ class Moved:
     state: str
     finished_ms: str = ""
     fenced: bool = False  # fence.lua took it from its lease token in this call
+    # Put back having published nothing: it goes among new work, not ahead of it.
+    unstarted: bool = False
 
 
 def admit_call(
@@ -222,11 +224,16 @@ def request_step_call(keys: Keys, settings: Settings, script: str, request_id: s
 
 def parse_moved(reply: list[Any], request_id: str, token: str = "") -> Moved:
     fenced = len(reply) > 2 and text(reply[2]) == "1"
-    return Moved(request_id, token, text(reply[0]), text(reply[1]), fenced)
+    unstarted = len(reply) > 3 and text(reply[3]) == "1"
+    return Moved(request_id, token, text(reply[0]), text(reply[1]), fenced, unstarted)
 
 
 def settle_call(keys: Keys, tag: str, moved: list[Moved]) -> ScriptCall:
-    quads = [x for m in moved for x in (m.request_id, m.lease_token, m.state, m.finished_ms)]
+    quints = [
+        x
+        for m in moved
+        for x in (m.request_id, m.lease_token, m.state, m.finished_ms, "1" if m.unstarted else "")
+    ]
     return ScriptCall(
         "settle",
         [
@@ -240,7 +247,7 @@ def settle_call(keys: Keys, tag: str, moved: list[Moved]) -> ScriptCall:
             keys.recent(tag),
             keys.failed(tag),
         ],
-        [keys.lifecycle_channel(), *quads],
+        [keys.lifecycle_channel(), *quints],
     )
 
 

@@ -67,8 +67,8 @@ local function keep_dead(h, stream, reason)
   redis.call('PERSIST', stream)
 end
 
--- A queue score (see shared/priority.py): work put back after its worker died or
--- stopped before all new work; by priority, then arrival, within each.
+-- A queue score (see shared/priority.py): work put back mid-answer after its worker
+-- died or stopped before all new work; by priority, then arrival, within each.
 local function queue_score(priority, seq, resumed)
   local score = (MAX_PRIORITY - tonumber(priority)) * SCORE_BAND + tonumber(seq)
   if resumed then return score end

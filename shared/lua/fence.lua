@@ -7,7 +7,8 @@
 -- KEYS[1] request hash   KEYS[2] stream
 -- ARGV[1] id   ARGV[2] lease token   ARGV[3] 'reap' | 'release'   ARGV[4] max attempts
 -- ARGV[5] ttl s   ARGV[6] lifecycle channel
--- Returns {state, finished ms or '', '1' when this call took it from the token else '0'}:
+-- Returns {state, finished ms or '', '1' when this call took it from the token else '0',
+-- '1' when it goes back having published nothing else ''}:
 -- 'queued' to put back in the queue, a terminal state ('cancelled', 'dead', ...) once
 -- ended, 'running' when another worker holds it, 'missing' without a hash.
 local h, stream, id = KEYS[1], KEYS[2], ARGV[1]
@@ -40,4 +41,7 @@ elseif tonumber(attempts or '0') >= tonumber(ARGV[4]) then
 end
 redis.call('HSET', h, 'state', 'queued')
 redis.call('HDEL', h, 'worker')
-return {'queued', '', '1'}
+-- No reader is mid-answer on a request that published nothing: settle.lua puts it back
+-- among new work, not in the room kept for resumed streams.
+local published = tonumber(redis.call('HGET', h, 'num_generated') or '0')
+return {'queued', '', '1', published == 0 and '1' or ''}

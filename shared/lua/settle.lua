@@ -4,9 +4,11 @@
 -- repeat after a crash changes nothing.
 -- KEYS[1] leases   KEYS[2] owners   KEYS[3] scores   KEYS[4] queue   KEYS[5] wakeup list
 -- KEYS[6] deadlines   KEYS[7] dead-letter set   KEYS[8] recent index   KEYS[9] failed index
--- ARGV[1] lifecycle channel   then quads ARGV[4i - 2 .. 4i + 1]: id, lease token ('' for
--- a request no worker held: a cancel or expiry while queued), its state, finished ms or ''
--- State 'queued' with a token puts the id back ahead of new work (its resumed score);
+-- ARGV[1] lifecycle channel   then quints ARGV[5i - 3 .. 5i + 1]: id, lease token (''
+-- for a request no worker held: a cancel or expiry while queued), its state, finished
+-- ms or '', '1' when it published nothing else ''
+-- State 'queued' with a token puts the id back ahead of new work (its resumed score), or,
+-- when it published nothing, among new work at its first place (no reader is mid-answer);
 -- a terminal state drops it from the queue and deadlines and files it in history.
 -- Returns the number of ids moved.
 local TERMINAL = {finished = true, failed = true, cancelled = true, expired = true, dead = true}
@@ -32,12 +34,13 @@ local function unlease(id, token)
 end
 
 local moved, woken = 0, false
-for a = 2, #ARGV, 4 do
+for a = 2, #ARGV, 5 do
   local id, token, state, at_ms = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local score = nil
   if token ~= '' then score = unlease(id, token) end
   if token == '' or score then
     if state == 'queued' and score then
+      if ARGV[a + 4] == '1' then score = tonumber(score) + FRESH_OFFSET end
       redis.call('ZADD', KEYS[4], score, id)
       redis.call('PUBLISH', ARGV[1], cjson.encode({event = 'requeued', id = id}))
       woken = true

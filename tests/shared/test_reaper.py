@@ -13,7 +13,7 @@ from shared.models import FinishReason, RequestState
 from shared.reaper import Reaped, reap_once
 from shared.replies import text
 from shared.scripts import Scripts
-from tests.shared.test_scripts import TAG, claim
+from tests.shared.test_scripts import TAG, claim, publish_token
 
 
 def _expire_leases(r: redis.Redis) -> None:
@@ -28,7 +28,8 @@ def _reap(client: Client, owner: str = "reaper") -> Reaped | None:
 
 def test_an_expired_lease_goes_back_ahead_of_all_new_work(client: Client) -> None:
     dying, other = client.submit("a", priority="normal"), client.submit("z", priority="low")
-    claim(client.redis, client.settings, 2)
+    for c in claim(client.redis, client.settings, 2):
+        publish_token(client.redis, c, 0, "x")
     later = client.submit("b", priority="normal")
     above = client.submit("c", priority="critical")
     _expire_leases(client.redis)
@@ -37,6 +38,21 @@ def test_an_expired_lease_goes_back_ahead_of_all_new_work(client: Client) -> Non
     assert [h.position() for h in (dying, other, above, later)] == [0, 1, 2, 3]
     status = dying.status()
     assert (status.state, status.attempts, status.worker) == (RequestState.QUEUED, 1, None)
+
+
+def test_a_request_that_published_nothing_goes_back_among_new_work(client: Client) -> None:
+    """Only a stream cut mid-answer has a reader waiting for the rest; one that never
+    started goes back to its first place among new work, so it cannot crowd out the
+    room that workers keep for resumed streams."""
+    mid_answer, unstarted = client.submit("a", priority="low"), client.submit("z")
+    (started,) = [
+        c for c in claim(client.redis, client.settings, 2) if c.request_id == mid_answer.id
+    ]
+    publish_token(client.redis, started, 0, "x")
+    later, above = client.submit("b"), client.submit("c", priority="critical")
+    _expire_leases(client.redis)
+    assert _reap(client) == Reaped(requeued=2)
+    assert [h.position() for h in (mid_answer, above, unstarted, later)] == [0, 1, 2, 3]
 
 
 def kill_every_attempt(client: Client, request_id: str) -> None:

@@ -118,7 +118,7 @@ def test_claim_expires_a_request_whose_deadline_passed(client: Client) -> None:
     assert h.status().state is RequestState.EXPIRED
 
 
-def _publish(r: redis.Redis, c: Claimed, index: int, text: str) -> int:
+def publish_token(r: redis.Redis, c: Claimed, index: int, text: str) -> int:
     event = dumps(TokenEvent(index=index, token_ids=(index,), text=text))
     calls = publish_calls(
         Keys(), [TokenPublish(c.request_id, c.lease_token, event, index, 1)], True
@@ -141,8 +141,8 @@ def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> Any:
 def test_publish_and_finish_build_the_stream_and_result(client: Client) -> None:
     h = client.submit("hi")
     (c,) = claim(client.redis, client.settings, 1)
-    assert _publish(client.redis, c, 0, "Hel") == 1
-    assert _publish(client.redis, c, 1, "lo") == 1
+    assert publish_token(client.redis, c, 0, "Hel") == 1
+    assert publish_token(client.redis, c, 1, "lo") == 1
     written = FinalEvent.model_validate_json(_finish(client.redis, client.settings, c, "Hello", 2))
     assert written.finish_reason is FinishReason.LENGTH
     events = [e.event for e in h.stream()]
@@ -157,7 +157,7 @@ def test_stream_resumes_after_a_given_event(client: Client) -> None:
     h = client.submit("hi")
     (c,) = claim(client.redis, client.settings, 1)
     for i, piece in enumerate(["a", "b", "c"]):
-        _publish(client.redis, c, i, piece)
+        publish_token(client.redis, c, i, piece)
     _finish(client.redis, client.settings, c, "abc", 3)
     events = list(h.stream())
     rest = list(h.stream(after=events[0].id))
@@ -168,7 +168,7 @@ def test_a_stale_lease_token_cannot_publish_or_finish(client: Client) -> None:
     h = client.submit("hi")
     (c,) = claim(client.redis, client.settings, 1)
     stale = Claimed(c.request_id, "w1:0", c.payload, c.attempts, 0)
-    assert _publish(client.redis, stale, 0, "x") == 0
+    assert publish_token(client.redis, stale, 0, "x") == 0
     assert _finish(client.redis, client.settings, stale, "x", 1) == 0
     assert client.redis.xlen(Keys().stream(h.id)) == 0
     assert h.status().state is RequestState.RUNNING
@@ -181,11 +181,11 @@ def test_cancel_removes_a_queued_request_at_once(client: Client) -> None:
     assert h.result(timeout=1).finish_reason is FinishReason.CANCELLED
 
 
-def test_cancel_of_a_running_request_is_seen_by_publish(client: Client) -> None:
+def test_cancel_of_a_running_request_is_seen_bypublish_token(client: Client) -> None:
     h = client.submit("hi")
     (c,) = claim(client.redis, client.settings, 1)
     assert h.cancel() == "requested"
-    assert _publish(client.redis, c, 0, "x") == 2
+    assert publish_token(client.redis, c, 0, "x") == 2
     call = renew_call(client.keys, client.settings, TAG, {c.request_id: c.lease_token})
     assert list(Scripts(client.redis).run(call)) == [1]
 

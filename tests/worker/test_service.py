@@ -284,3 +284,34 @@ def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     busy.run(burst=True)
     events = [e.event for e in resumed.stream() if isinstance(e.event, TokenEvent)]
     assert [e.index for e in events] == [0, 1, 2, 3, 4]
+
+
+def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """A dead worker held streams mid-answer and urgent requests it had not started yet.
+    A busy worker's rows kept for resumed streams go to the streams a reader is waiting
+    on; the unstarted requests wait among new work (they showed nobody anything)."""
+    settings = Settings()
+    serve(fake_redis, MODEL)
+    client = Client(connection=fake_redis, settings=settings)
+    dying = WorkerService(ScriptedEngine(max_num_seqs=4), fake_redis, settings, MODEL, "w-dead")
+    mid_answer = [
+        client.submit(f"m {i}", model=MODEL, max_tokens=5, priority="low") for i in (0, 1)
+    ]
+    dying.iterate()  # claims both and streams a token of each
+    unstarted = [
+        client.submit(f"u {i}", model=MODEL, max_tokens=5, priority="high") for i in (0, 1)
+    ]
+    assert dying.intake() == 2  # claimed, then it "dies" before its next step
+    busy = WorkerService(
+        ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=2), fake_redis, settings, MODEL, "w1"
+    )
+    [client.submit(f"n {i}", model=MODEL, max_tokens=5) for i in (0, 1)]
+    busy.iterate()  # full of new work now
+    for h in [*mid_answer, *unstarted]:
+        fake_redis.zadd(Keys().leases(model_tag(MODEL)), {h.id: 0})
+    reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "reaper")
+    busy.iterate()
+    assert [h.status().worker for h in mid_answer] == ["w1", "w1"]
+    assert [h.status().position for h in unstarted] == [0, 1]
