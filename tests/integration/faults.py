@@ -40,12 +40,13 @@ class StreamAudit:
     final: FinalEvent | None
     stamps_ms: list[int] = field(default_factory=list)  # when each event was written
 
-    def silence_across(self, at_ms: int) -> int:
+    def silence_across(self, at_ms: int) -> tuple[int, int]:
         """How long the stream was silent around ``at_ms``: from its last event at or
-        before it to its first after it; 0 when it had none before or none after."""
+        before it to its first after it, and from ``at_ms`` to that first event after
+        it; (0, 0) when it had none before or none after."""
         before = [s for s in self.stamps_ms if s <= at_ms]
         after = [s for s in self.stamps_ms if s > at_ms]
-        return after[0] - before[-1] if before and after else 0
+        return (after[0] - before[-1], after[0] - at_ms) if before and after else (0, 0)
 
     def longest_gap_outside_ms(self, at_ms: list[int]) -> int:
         """The longest silence that spans none of the moments ``at_ms``."""

@@ -106,14 +106,18 @@ def check_streams(connection: redis.Redis, handles: list[Handle], expected: list
 class Silences:
     """The longest silence of any stream across its worker's death, and of any other.
 
-    The first is issue 20's figure ("a resumed stream is silent for at most lease + 5 s"):
-    the reader waits for the lease to lapse, the reaper to put the request back and a
-    live worker to claim it and compute its first new token. The second is silence
-    with every worker alive: a more urgent request preempting a running one (by
-    design: priority counts inside the worker), or a slow step; it is reported apart
-    so that neither hides the other."""
+    The first is issue 20's figure ("the longest silence of a stream after its worker
+    dies", to bring to lease + 5 s): the reader waits for the lease to lapse, the reaper
+    to put the request back and a live worker to claim it and compute its next token.
+    It runs from the stream's last event before the death, as its reader sees it;
+    ``death_to_resume_ms`` runs from the death itself. The second is silence with every
+    worker alive: a slow step, or a more urgent request preempting a running one (by
+    design: priority counts inside the worker). The longest gap of any stream used to
+    stand for the first; on a loaded machine the second can be as long, so they are
+    reported apart, neither hiding the other."""
 
     after_death_ms: int
+    death_to_resume_ms: int
     other_ms: int
 
 
@@ -121,12 +125,13 @@ def silences(
     connection: redis.Redis, handles: list[Handle], deaths: dict[str, list[int]]
 ) -> Silences:
     """``deaths``: for each request, when (Redis ms) a worker that held it was killed."""
-    after, other = 0, 0
+    across: list[tuple[int, int]] = [(0, 0)]
+    other = 0
     for h in handles:
         audit, killed = audit_stream(connection, h.id), deaths.get(h.id, [])
-        after = max([after, *(audit.silence_across(t) for t in killed)])
+        across += [audit.silence_across(t) for t in killed]
         other = max(other, audit.longest_gap_outside_ms(killed))
-    return Silences(after, other)
+    return Silences(max(a for a, _ in across), max(r for _, r in across), other)
 
 
 def report(capsys: pytest.CaptureFixture[str], **figures: object) -> None:
@@ -170,6 +175,7 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
         lost=0,
         duplicated_tokens=0,
         longest_stall_ms=silent.after_death_ms,
+        longest_death_to_resume_ms=silent.death_to_resume_ms,
         longest_other_silence_ms=silent.other_ms,
         lease_ms=FAULT_ENV["TOKENQ_LEASE_MS"],
     )
