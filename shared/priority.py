@@ -57,10 +57,10 @@ def _check_range(value: int) -> int:
 # Queue scores, lowest first. Work put back mid-answer after its worker died (or
 # stopped) comes before all new work: it was admitted at its priority already and its
 # stream has a reader waiting for the rest, while new work has shown nobody anything
-# yet. Work put back before it published anything goes back among new work, at its
-# first place. Within each of the two regions, one band of SCORE_BAND per priority, the
-# highest priority lowest, and arrival order (``seq``) within a band. Always an exact integer below 2**53, so a
-# double holds it. The Lua scripts get these numbers from here
+# yet. Work put back before it published anything goes back among new work, at the
+# place it had. Within each of the two regions, one band of SCORE_BAND per priority, the
+# highest priority lowest, and arrival order (``seq``) within a band. Always an exact
+# integer below 2**53, so a double holds it. The Lua scripts get these numbers from here
 # (``shared.scripts.load_source``), and the dashboard reads bands with them.
 SCORE_BAND = 2**45
 FRESH_OFFSET = (MAX_PRIORITY - MIN_PRIORITY + 1) * SCORE_BAND

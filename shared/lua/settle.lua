@@ -8,7 +8,7 @@
 -- for a request no worker held: a cancel or expiry while queued), its state, finished
 -- ms or '', '1' when it published nothing else ''
 -- State 'queued' with a token puts the id back ahead of new work (its resumed score), or,
--- when it published nothing, among new work at its first place (no reader is mid-answer);
+-- when it published nothing, among new work at the place it had (no reader is mid-answer);
 -- a terminal state drops it from the queue and deadlines and files it in history.
 -- Returns the number of ids moved.
 local TERMINAL = {finished = true, failed = true, cancelled = true, expired = true, dead = true}

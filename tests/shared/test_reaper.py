@@ -42,7 +42,7 @@ def test_an_expired_lease_goes_back_ahead_of_all_new_work(client: Client) -> Non
 
 def test_a_request_that_published_nothing_goes_back_among_new_work(client: Client) -> None:
     """Only a stream cut mid-answer has a reader waiting for the rest; one that never
-    started goes back to its first place among new work, so it cannot crowd out the
+    started goes back to the place it had among new work, so it cannot crowd out the
     room that workers keep for resumed streams."""
     mid_answer, unstarted = client.submit("a", priority="low"), client.submit("z")
     (started,) = [
