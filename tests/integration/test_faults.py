@@ -151,7 +151,8 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
     handles = submit_all(client, items)
     seqs = ("--max-num-seqs", "8")
     victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
-    ids, deaths = [h.id for h in handles], dict[str, list[int]]()
+    ids = [h.id for h in handles]
+    deaths: dict[str, list[int]] = {}  # request id -> when a worker holding it was killed
     for _ in range(2):
         # Killed while it streams, so each stall measured is one worker's death (a worker
         # killed right after claiming a reclaimed request would make it two).

@@ -307,7 +307,8 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     busy = WorkerService(
         ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=2), fake_redis, settings, MODEL, "w1"
     )
-    [client.submit(f"n {i}", model=MODEL, max_tokens=5) for i in (0, 1)]
+    for i in (0, 1):
+        client.submit(f"n {i}", model=MODEL, max_tokens=5)
     busy.iterate()  # full of new work now
     for h in [*mid_answer, *unstarted]:
         fake_redis.zadd(Keys().leases(model_tag(MODEL)), {h.id: 0})
