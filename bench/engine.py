@@ -2,6 +2,7 @@
 
     python bench/engine.py             # mixed200, every peer (~15 min on 2 quiet cores)
     python bench/engine.py --quick     # mixed32, static-32 peer only
+    python bench/engine.py --device cuda --repeat 10   # 2,000 requests on a GPU
 
 Figures are useful new tokens per second (each request's own budget, ``ignore_eos``,
 greedy; fp32 on the CPU, bf16 on CUDA) over the whole workload, every request
@@ -18,6 +19,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shared.models import SamplingParams
 from shared.priority import Priority, parse_priority
 from worker.engine import Engine, EngineConfig, EngineRequest
+from worker.engine.cuda_graphs import PagedInputs
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
@@ -154,6 +157,58 @@ def generate_batch(model: Any, items: list[Item]) -> float:
     return num_tokens / (time.perf_counter() - start)
 
 
+def graph_ceiling(engine: Engine, batch_size: int, context: int = 128, steps: int = 200) -> float:
+    """The engine's own captured step graph replayed for a decode of ``batch_size``
+    rows at ``context`` tokens, with nothing around it: the GPU's time per decode
+    step. It writes the first blocks of the pool, so it runs after the engine's runs."""
+    graphs = engine.runner.graphs
+    if graphs is None:
+        raise RuntimeError("the graph ceiling needs a CUDA engine with graphs captured")
+    size = engine.kv_cache.block_size
+    num_blocks = -(-context // size)
+    inputs = PagedInputs()
+    for row in range(batch_size):
+        table = list(range(row * num_blocks, (row + 1) * num_blocks))
+        pos = context - 1
+        inputs.token_ids.append(100 + row)
+        inputs.positions.append(pos)
+        inputs.slot_mapping.append(table[pos // size] * size + pos % size)
+        inputs.token_row.append(row)
+        inputs.tables.append(table)
+        inputs.sample_index.append(row)
+    with torch.inference_mode():
+        graphs.run(inputs)  # loads the static buffers
+    graph = graphs.graphs[next(s for s in graphs.sizes if s >= batch_size)]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        graph.replay()
+    torch.cuda.synchronize()
+    return batch_size * steps / (time.perf_counter() - start)
+
+
+def host_syncs_per_step(engine: Engine, items: list[Item], num_steps: int = 50) -> float:
+    """Device-to-host synchronisations per engine step, counted by torch's sync debug
+    mode over steps of the workload in flight."""
+    for i, item in enumerate(items[:num_steps]):
+        engine.add_request(request(10**6 + i, item))
+    for _ in range(3):
+        engine.step()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            steps = 0
+            while engine.has_unfinished_requests() and steps < num_steps:
+                engine.step()
+                steps += 1
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    while engine.has_unfinished_requests():
+        engine.step()
+    return sum("synchroniz" in str(w.message) for w in caught) / max(steps, 1)
+
+
 def raw_ceiling(model: Any, batch_size: int, context: int = 128, steps: int = 16) -> float:
     """A batched decode forward over a ~128-token cache with nothing around it."""
     from transformers import DynamicCache
@@ -186,6 +241,7 @@ def report_engine(engine: Engine, items: list[Item]) -> float:
     print(
         f"engine: {tps:.1f} tok/s ({run.num_tokens} tokens in {run.wall_s:.1f} s; "
         f"max_num_seqs {config.max_num_seqs}, {config.max_num_batched_tokens} tokens/step, "
+        f"{'CUDA graphs, ' if engine.runner.graphs is not None else ''}"
         f"{engine.scheduler.num_preemptions - before} preemptions)"
     )
     largest = max(len(it.prompt_ids) + it.max_tokens for it in items)
@@ -217,17 +273,28 @@ def report_priority(engine: Engine, items: list[Item], engine_tps: float, overlo
     )
 
 
+def report_ceiling(engine: Engine, items: list[Item], engine_tps: float) -> None:
+    batch = engine.config.num_seqs
+    if engine.runner.graphs is not None:
+        syncs = host_syncs_per_step(engine, items)
+        print(f"host syncs per engine step: {syncs:.2f} (target 1)")
+        ceiling = graph_ceiling(engine, batch)
+        kind = "replaying the engine's captured step graph"
+    else:
+        ceiling = raw_ceiling(engine.runner.model, batch)
+        kind = "eager forward"
+    print(
+        f"raw ceiling ({kind}; batch {batch}, 128-token context): {ceiling:.1f} tok/s; "
+        f"engine {100 * engine_tps / ceiling:.0f}% of it (target >= 80%)"
+    )
+
+
 def report_peers(
     model: Any, items: list[Item], engine_tps: float, args: argparse.Namespace
 ) -> None:
-    batch = args.max_num_seqs
-    ceiling = raw_ceiling(model, batch)
-    print(
-        f"raw ceiling (batch {batch}, 128-token context): {ceiling:.1f} tok/s; "
-        f"engine {100 * engine_tps / ceiling:.0f}% of it (target >= 80%)"
-    )
-    static = static_batches(model, items, 32)
-    print(f"static batches of 32: {static:.1f} tok/s; engine {engine_tps / static:.2f}x (>= 2.0x)")
+    if not args.skip_static:
+        static = static_batches(model, items, 32)
+        print(f"static batches of 32: {static:.1f} tok/s; engine {engine_tps / static:.2f}x")
     if not args.quick:
         cb = generate_batch(model, items)
         print(f"generate_batch: {cb:.1f} tok/s; engine {engine_tps / cb:.2f}x (>= 2.5x)")
@@ -244,9 +311,10 @@ def main() -> None:
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.threads,
             kv_cache_mib=args.kv_cache_mib,
+            enforce_eager=args.enforce_eager,
         )
     )
-    items = load(Path(args.workload), engine)
+    items = load(Path(args.workload), engine) * args.repeat
     print(
         f"{Path(args.workload).name}: {len(items)} requests, "
         f"{sum(it.max_tokens for it in items)} new tokens, "
@@ -260,6 +328,7 @@ def main() -> None:
     if not args.skip_peers:
         model = engine.runner.model
         model.set_attn_implementation("sdpa")
+        report_ceiling(engine, items, engine_tps)
         report_peers(model, items, engine_tps, args)
 
 
@@ -272,15 +341,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: cuda if any)")
     parser.add_argument("--dtype", default="auto", help="auto: fp32 on the CPU, bf16 on CUDA")
-    parser.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens
-    )
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: the device's")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="the workload this many times")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--kv-cache-mib", type=int, default=None, help="default: share of free")
     parser.add_argument("--overload", type=float, default=2.0, help="arrival over drain rate")
     parser.add_argument("--skip-priority", action="store_true")
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--skip-static", action="store_true", help="no static-batch peer")
     args = parser.parse_args()
     if args.workload is None:
         args.workload = str(WORKLOADS / ("mixed32.jsonl" if args.quick else "mixed200.jsonl"))

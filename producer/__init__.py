@@ -2,7 +2,7 @@
 
 from producer.aio import AsyncClient, AsyncHandle
 from producer.client import Client, Handle
-from shared.errors import InvalidRequest, NotFound, QueueFull, RequestTimeout
+from shared.errors import InvalidRequest, NotFound, QueueFull, RateLimited, RequestTimeout
 from shared.priority import Priority
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "NotFound",
     "Priority",
     "QueueFull",
+    "RateLimited",
     "RequestTimeout",
 ]

@@ -8,9 +8,10 @@ from typing import Any
 import redis.asyncio
 
 from producer.client import _block_ms, _deadline
+from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from shared.connection import connect_async
-from shared.flows import accepted, cancel_flow, drive_async, enqueue_flow
+from shared.flows import accepted, cancel_flow, drive_async
 from shared.keys import Keys, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
 from shared.reads import (
@@ -35,8 +36,10 @@ class AsyncClient:
         *,
         connection: redis.asyncio.Redis | None = None,
         settings: Settings | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.settings = settings or get_settings()
+        self.api_key = None if api_key is None else find_key(self.settings, api_key)
         url = redis_url or self.settings.redis_url
         self.redis = connection or connect_async(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
@@ -68,7 +71,9 @@ class AsyncClient:
         self, requests: Iterable[GenerationRequest | Mapping[str, Any]]
     ) -> list[AsyncHandle]:
         reqs = [validate_request(self.settings, r) for r in requests]
-        flow = enqueue_flow(self.keys, self.settings, reqs)
+        if self.api_key is not None:
+            reqs = [as_tenant(r, self.api_key) for r in reqs]
+        flow = submit_flow(self.keys, self.settings, self.api_key, reqs)
         enqueued = await drive_async(self._scripts, flow)
         return [AsyncHandle(self, i) for i in accepted(enqueued, reqs, self.settings)]
 

@@ -19,6 +19,7 @@ from producer.cli_options import RedisOpt, cli_errors, settings_for
 from producer.client import Client, Handle
 from producer.dashboard.cli import dashboard
 from producer.gateway.cli import gateway
+from producer.usage_cli import usage
 from shared.models import FinalEvent, TokenEvent
 from shared.settings import DEFAULT_MODEL
 
@@ -43,6 +44,9 @@ def worker(
         str, typer.Option(help="how embeddings pool the last hidden state: mean, last or cls")
     ] = "mean",
     burst: Annotated[bool, typer.Option(help="exit once the queue is empty")] = False,
+    enforce_eager: Annotated[
+        bool, typer.Option(help="on CUDA, run every step eagerly (no CUDA graphs)")
+    ] = False,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
@@ -59,6 +63,7 @@ def worker(
         kv_cache_mib=kv_cache_mib,
         pooling=pooling,
         burst=burst,
+        enforce_eager=enforce_eager,
     )
     try:
         config = engine_config(opts)
@@ -107,6 +112,7 @@ app.add_typer(dead_app, name="dead")
 app.add_typer(batch_app, name="batch")
 app.command()(dashboard)
 app.command()(gateway)
+app.command()(usage)
 
 
 def _client(redis_url: str | None) -> Client:

@@ -8,10 +8,11 @@ from typing import Any
 
 import redis
 
+from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from shared.connection import close, connect
 from shared.errors import RequestTimeout
-from shared.flows import accepted, cancel_flow, drive, enqueue_flow
+from shared.flows import accepted, cancel_flow, drive
 from shared.keys import Keys, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
 from shared.reads import (
@@ -36,8 +37,12 @@ class Client:
         *,
         connection: redis.Redis | None = None,
         settings: Settings | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key`` (one of ``TOKENQ_API_KEYS``) submits as its tenant, with its
+        weight, under its rate limits (``producer.keyed``)."""
         self.settings = settings or get_settings()
+        self.api_key = None if api_key is None else find_key(self.settings, api_key)
         url = redis_url or self.settings.redis_url
         self.redis = connection or connect(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
@@ -73,9 +78,14 @@ class Client:
     ) -> list[Handle]:
         """Validate all, then enqueue all in one round trip. A full queue raises QueueFull
         for the first request that did not fit; the ones before it stay accepted."""
-        reqs = [validate_request(self.settings, r) for r in requests]
-        enqueued = drive(self._scripts, enqueue_flow(self.keys, self.settings, reqs))
+        reqs = [self._validate(r) for r in requests]
+        flow = submit_flow(self.keys, self.settings, self.api_key, reqs)
+        enqueued = drive(self._scripts, flow)
         return [Handle(self, i) for i in accepted(enqueued, reqs, self.settings)]
+
+    def _validate(self, request: GenerationRequest | Mapping[str, Any]) -> GenerationRequest:
+        req = validate_request(self.settings, request)
+        return req if self.api_key is None else as_tenant(req, self.api_key)
 
     def handle(self, request_id: str) -> Handle:
         tag_of(request_id)  # validates the id before it becomes a key

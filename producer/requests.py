@@ -76,6 +76,24 @@ def embedding_of(result: Result) -> list[float]:
     return list(result.embedding)
 
 
+def choice_requests(gen: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """``n`` requests for ``n`` choices: choice i has seed + i and idempotency key #i."""
+    if n == 1:
+        return [gen]
+    seed, key = gen.sampling.seed, gen.idempotency_key
+    return [
+        gen.model_copy(
+            update={
+                "sampling": gen.sampling.model_copy(
+                    update={"seed": None if seed is None else (seed + i) % 2**63}
+                ),
+                "idempotency_key": None if key is None else f"{key}#{i}",
+            }
+        )
+        for i in range(n)
+    ]
+
+
 def validate_request(
     settings: Settings, data: GenerationRequest | Mapping[str, Any]
 ) -> GenerationRequest:

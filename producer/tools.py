@@ -14,6 +14,7 @@ conversation as text in the same shape, so multi-turn conversations work.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -82,6 +83,15 @@ class ToolPlan:
         if self.mode == "named" or not self.parallel:
             array["maxItems"] = 1
         return _object({"tool_calls": array})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data (a batch line keeps it until its result is rendered)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolPlan:
+        functions = tuple(Function(**f) for f in data["functions"])
+        return cls(data["mode"], functions, data.get("named"), bool(data.get("parallel", True)))
 
 
 def plan_tools(

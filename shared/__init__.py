@@ -4,6 +4,7 @@ from shared.errors import (
     InvalidRequest,
     NotFound,
     QueueFull,
+    RateLimited,
     TokenqError,
 )
 from shared.models import (
@@ -30,6 +31,7 @@ __all__ = [
     "NotFound",
     "Priority",
     "QueueFull",
+    "RateLimited",
     "RequestState",
     "Result",
     "SamplingParams",

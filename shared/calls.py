@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shared.fairness import estimated_tokens, fair_member, units
 from shared.keys import Keys, model_tag, request_tag, tag_of
 from shared.models import GenerationRequest, dumps
 from shared.replies import text
@@ -65,6 +66,8 @@ def enqueue_call(
             keys.deadlines(tag),
             keys.served(tag),
             keys.owners(tag),
+            keys.fair_clock(tag),
+            keys.fair_tags(tag),
         ],
         [
             request_id,
@@ -74,6 +77,8 @@ def enqueue_call(
             req.model,
             keys.lifecycle_channel(),
             "1" if settings.require_known_model else "0",
+            fair_member(req.priority, req.tenant),
+            units(estimated_tokens(req), req.weight),
         ],
     )
 
@@ -94,7 +99,15 @@ def claim_call(
 ) -> ScriptCall:
     return ScriptCall(
         "claim",
-        [keys.queue(tag), keys.leases(tag), keys.owners(tag), keys.scores(tag), keys.seq(tag)],
+        [
+            keys.queue(tag),
+            keys.leases(tag),
+            keys.owners(tag),
+            keys.scores(tag),
+            keys.seq(tag),
+            keys.fair_clock(tag),
+            keys.fair_tags(tag),
+        ],
         [worker_id, settings.lease_ms, *ids],
     )
 
@@ -247,3 +260,9 @@ def retry_call(keys: Keys, request_id: str, priority: str) -> ScriptCall:
         [keys.dead(tag), keys.queue(tag), keys.seq(tag), keys.wakeup(tag)],
         [request_id, priority, keys.lifecycle_channel()],
     )
+
+
+def charge_call(keys: Keys, tag: str, charges: list[tuple[int, str | None, int]]) -> ScriptCall:
+    """(priority, tenant, units) each: service beyond the enqueue estimate (charge.lua)."""
+    args = [a for p, tenant, n in charges for a in (p, fair_member(p, tenant), n)]
+    return ScriptCall("charge", [keys.fair_clock(tag), keys.fair_tags(tag)], args)

@@ -22,6 +22,16 @@ class QueueFull(TokenqError):
         self.retry_after_s = retry_after_s
 
 
+class RateLimited(TokenqError):
+    """An API key is over one of its rate limits (``shared.ratelimit``): retry after
+    ``retry_after_s`` (None: this request can never fit; make it smaller)."""
+
+    def __init__(self, message: str, retry_after_s: float | None, headers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.headers = headers
+
+
 class UnknownModel(InvalidRequest):
     """No worker has served this model recently."""
 

@@ -110,6 +110,19 @@ class Keys:
         """Hash id -> the queue score a claimed request goes back to if put back."""
         return self._q(tag, "scores")
 
+    def fair_clock(self, tag: str) -> str:
+        """Hash priority -> the band's virtual time (shared.fairness)."""
+        return self._q(tag, "fair:clock")
+
+    def fair_tags(self, tag: str) -> str:
+        """Zset '<priority>:<tenant>' -> band base + the tenant's virtual finish time."""
+        return self._q(tag, "fair:tags")
+
+    # Per API key (or client tenant) rate limits: their own tag, one slot per bucket.
+    def rate_limit(self, bucket: str, name: str) -> str:
+        """``name`` is 'requests' or 'tokens' (GCRA times) or 'inflight' (zset)."""
+        return self._q(f"rl-{bucket}", name)
+
     # Per request (the request's own tag, taken from the id or the idempotency digest).
     def idempotency(self, digest: str) -> str:
         """Holds the id of the request submitted with that key (``idempotency_digest``);
@@ -135,6 +148,11 @@ class Keys:
     def worker_control(self, worker_id: str) -> str:
         """An operator's order to a worker ('drain'), read on its heartbeat."""
         return f"{self.namespace}:worker:{worker_id}:control"
+
+    def usage(self, hour: int) -> str:
+        """Hash '<prompt|completion|requests>:<tenant>' -> count, for one UTC hour
+        (hours since the epoch); expires after the usage retention."""
+        return f"{self.namespace}:usage:{hour}"
 
     def lifecycle_channel(self) -> str:
         return f"{self.namespace}:lifecycle"
@@ -189,7 +207,8 @@ class BatchKeys:
         return self._b(batch_id, "lines")
 
     def pending(self, batch_id: str) -> str:
-        """Hash custom_id -> request id, for lines in tokenq's queue or running."""
+        """Hash custom_id -> ``<kind>:<request ids, one per choice>:<line index>:<n>``,
+        for lines in tokenq's queue or running."""
         return self._b(batch_id, "pending")
 
     def outputs(self, batch_id: str) -> str:

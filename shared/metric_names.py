@@ -16,3 +16,9 @@ PREEMPTIONS = "tokenq:num_preemptions"
 KV_CACHE_USAGE = "tokenq:kv_cache_usage_perc"
 PREFIX_CACHE_QUERIES = "tokenq:prefix_cache_queries"  # prompt tokens looked up in the cache
 PREFIX_CACHE_HITS = "tokenq:prefix_cache_hits"  # of those, tokens found cached
+# Per tenant (at most MAX_TENANT_LABELS tenants by name, the rest as 'other').
+TENANT_PROMPT_TOKENS = "tokenq:tenant_prompt_tokens"
+TENANT_GENERATION_TOKENS = "tokenq:tenant_generation_tokens"
+TENANT_REQUESTS = "tokenq:tenant_requests"
+MAX_TENANT_LABELS = 100
+OTHER_TENANTS = "other"

@@ -28,6 +28,11 @@ Task = Literal["generate", "embed"]
 # API key (never from the body); requests, their idempotency keys and their batches are
 # kept apart by it.
 TENANT = "tenant"
+# Its tenant's share within a priority (shared.fairness), from the caller's API key; 1
+# when absent.
+TENANT_WEIGHT = "tenant_weight"
+MIN_WEIGHT = 0.01
+MAX_WEIGHT = 1000.0
 
 
 class _Strict(BaseModel):
@@ -159,6 +164,8 @@ class GenerationRequest(_Strict):
             raise ValueError("an embed request takes a prompt (the text to embed), not messages")
         if self.dimensions is not None and self.task != "embed":
             raise ValueError("dimensions applies to embed requests only")
+        if TENANT_WEIGHT in self.metadata:
+            check_weight(self.metadata[TENANT_WEIGHT])
         return self
 
     @property
@@ -166,10 +173,24 @@ class GenerationRequest(_Strict):
         value = self.metadata.get(TENANT)
         return value if isinstance(value, str) and value else None
 
+    @property
+    def weight(self) -> float:
+        value = self.metadata.get(TENANT_WEIGHT)
+        return 1.0 if value is None else check_weight(value)
+
     def prompt_chars(self) -> int:
         if self.prompt is not None:
             return len(self.prompt)
         return sum(len(m.content) for m in self.messages or ())
+
+
+def check_weight(value: object) -> float:
+    """A tenant weight, or ValueError saying what is wrong with it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{TENANT_WEIGHT} must be a number, not {value!r}")
+    if not MIN_WEIGHT <= value <= MAX_WEIGHT:
+        raise ValueError(f"{TENANT_WEIGHT} {value} is out of range {MIN_WEIGHT}..{MAX_WEIGHT}")
+    return float(value)
 
 
 class RequestState(StrEnum):

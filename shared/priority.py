@@ -66,7 +66,9 @@ FRESH_OFFSET = (MAX_PRIORITY - MIN_PRIORITY + 1) * SCORE_BAND
 
 
 def queue_score(priority: int, seq: int, *, resumed: bool = False) -> int:
-    """The queue score of a request of ``priority`` that arrived ``seq``-th."""
+    """The queue score of a request of ``priority`` at ``seq`` in its band. Since tenants
+    share a band fairly, ``seq`` is the request's virtual start time there (see
+    shared.fairness), not an arrival number; one tenant's requests keep their order."""
     return (0 if resumed else FRESH_OFFSET) + (MAX_PRIORITY - priority) * SCORE_BAND + seq
 
 

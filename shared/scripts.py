@@ -37,6 +37,9 @@ SCRIPT_NAMES = (
     "renew",
     "reset",
     "retry",
+    "charge",
+    "ratelimit",
+    "usage",
 )
 ARG = str | int | float
 

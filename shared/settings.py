@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     # Gateway API keys: JSON {"sk-a": {"tenant": "acme", "max_priority": "high"}} or
     # compact "sk-a=acme:high,sk-b=beta"; empty leaves the gateway open (it says so).
     api_keys: SecretStr = SecretStr("")
+    # A rate limit's concurrent place lapses after this long even if its request's end
+    # was never seen (shared.ratelimit).
+    rate_limit_inflight_s: int = Field(3600, ge=1)
+    # Usage per tenant per hour is kept this long (`tokenq usage`, the dashboard).
+    usage_retention_s: int = Field(35 * 24 * 3600, ge=3600)
     # Admin dashboard: every action needs admin_token; viewing too, unless
     # admin_read_only_view. History for its charts: one snapshot per interval.
     admin_token: SecretStr | None = None

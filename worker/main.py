@@ -40,6 +40,7 @@ class WorkerOptions:
     kv_cache_mib: int | None = None
     pooling: str = "mean"
     burst: bool = False
+    enforce_eager: bool = False
 
 
 def new_worker_id() -> str:
@@ -57,6 +58,7 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
         dtype=opts.dtype,
         kv_cache_mib=opts.kv_cache_mib,
         pooling=opts.pooling,
+        enforce_eager=opts.enforce_eager,
     )
     if opts.max_num_seqs is not None:
         config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again
@@ -128,6 +130,8 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
         "max_num_seqs": engine.config.max_num_seqs,
         "kv_cache_mib": engine.kv_cache_budget_bytes // 2**20,
     }
+    if engine.embedding_size is not None:  # the gateway refuses larger ``dimensions``
+        info["embedding_size"] = engine.embedding_size
     s = service.settings
     heartbeat = Heartbeat(service, connect(s.redis_url, s.redis_cluster), info)
     heartbeat.beat()

@@ -16,8 +16,9 @@ from prometheus_client import (
 )
 
 from shared import metric_names as names
-from shared.models import FinalEvent
+from shared.models import FinalEvent, Usage
 from shared.priority import priority_name
+from worker.tenant_metrics import TenantCounters
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5)
@@ -71,7 +72,11 @@ class WorkerMetrics:
             buckets=ITL_BUCKETS,
             registry=r,
         )
+        self.tenants = TenantCounters(model, r)
         self._seen: dict[str, int] = {}
+
+    def on_tenant_usage(self, tenant: str | None, usage: Usage) -> None:
+        self.tenants.on_usage(tenant, usage)
 
     def on_tokens(self, num_tokens: int, gap_s: float | None) -> None:
         self.generation_tokens.labels(self.model).inc(num_tokens)

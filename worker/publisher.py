@@ -16,18 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.calls import (
-    Moved,
     TokenPublish,
+    charge_call,
     finish_call,
     parse_finish,
     publish_calls,
     settle_call,
 )
 from shared.connection import is_cluster
+from shared.fairness import excess_tokens, units
 from shared.keys import Keys
-from shared.models import FinishReason, dumps
+from shared.models import FinalEvent, FinishReason, dumps
 from shared.scripts import ScriptCall, Scripts
 from shared.settings import Settings
+from shared.usage import record_call
 from worker.coalesce import Merged, step_event
 from worker.engine.outputs import RequestOutput
 from worker.held import STATE_OF_REASON, Held
@@ -66,7 +68,7 @@ class StepPlan:
 
 
 def send_step(
-    connection: Any, scripts: Scripts, keys: Keys, tag: str, plan: StepPlan
+    connection: Any, scripts: Scripts, keys: Keys, settings: Settings, tag: str, plan: StepPlan
 ) -> list[tuple[Planned, Any]]:
     """One round trip for the step, and one more to settle what ended in it. A finish
     pairs with its final event's json, or LEASE_LOST."""
@@ -74,27 +76,41 @@ def send_step(
     if not calls:
         return []
     pairs = plan.pair(scripts.send(calls))  # reloads the scripts after a Redis restart
-    settle_ended(connection, scripts, keys, tag, [(p.held, r) for p, r in pairs if p.is_finish])
+    finished = [(p.held, r) for p, r in pairs if p.is_finish]
+    settle_ended(scripts, keys, settings, tag, finished)
     return [(p, _final_of(r) if p.is_finish else r) for p, r in pairs]
 
 
 def finish_now(
-    connection: Any, scripts: Scripts, keys: Keys, tag: str, held: Held, call: ScriptCall
+    scripts: Scripts, keys: Keys, settings: Settings, tag: str, held: Held, call: ScriptCall
 ) -> Any:
     """A finish outside a step: its reply as ``send_step`` pairs it."""
     reply = scripts.run(call)
-    settle_ended(connection, scripts, keys, tag, [(held, reply)])
+    settle_ended(scripts, keys, settings, tag, [(held, reply)])
     return _final_of(reply)
 
 
 def settle_ended(
-    connection: Any, scripts: Scripts, keys: Keys, tag: str, finished: list[tuple[Held, Any]]
+    scripts: Scripts, keys: Keys, settings: Settings, tag: str, finished: list[tuple[Held, Any]]
 ) -> None:
-    """Drop the leases of requests whose finish went through, on the model's slot."""
-    moved = [parse_finish(r, h.request_id, h.lease_token) for h, r in finished]
-    ended = [m for m in moved if isinstance(m, Moved)]
-    if ended:
-        scripts.run(settle_call(keys, tag, ended))
+    """For requests whose finish went through, in one round trip on the model's slot:
+    drop their leases, charge their tenants' fair share what they used beyond the
+    enqueue estimate; and add their usage to their tenants' hour."""
+    done = [(h, r) for h, r in finished if parse_finish(r, h.request_id, h.lease_token)]
+    if not done:
+        return
+    moved = [parse_finish(r, h.request_id, h.lease_token) for h, r in done]
+    finals = [(h, FinalEvent.model_validate_json(r[0])) for h, r in done]
+    charges = [
+        (h.request.priority, h.request.tenant, units(n, h.request.weight))
+        for h, final in finals
+        if (n := excess_tokens(h.request, final.usage.prompt_tokens, final.usage.completion_tokens))
+    ]
+    used = [(h.request.tenant, final.usage) for h, final in finals]
+    calls = [settle_call(keys, tag, [m for m in moved if m is not None])]
+    if charges:
+        calls.append(charge_call(keys, tag, charges))
+    scripts.send([*calls, record_call(keys, settings, used)])
 
 
 def _final_of(reply: Any) -> Any:

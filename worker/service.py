@@ -152,7 +152,7 @@ class WorkerService:
                 return
             self.pending = self.coalescer.take()
         plan = plan_step(self.keys, self.settings, self.held, self.pending)
-        pairs = send_step(self.redis, self.scripts, self.keys, self.tag, plan)
+        pairs = send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
         self.pending = []
         for planned, reply in pairs:
             self._act(planned.held, settle(planned, reply), planned, reply)
@@ -166,7 +166,9 @@ class WorkerService:
             log.warning("lease on %s lost; another worker resumes it", held.request_id)
             self._drop(held.request_id)
         elif action == "done":
-            self.metrics.on_finish(held.request.priority, FinalEvent.model_validate_json(reply))
+            final = FinalEvent.model_validate_json(reply)
+            self.metrics.on_finish(held.request.priority, final)
+            self.metrics.on_tenant_usage(held.request.tenant, final.usage)
             with self.held_lock:
                 self.held.pop(held.request_id, None)
 
@@ -297,7 +299,7 @@ class WorkerService:
         self, held: Held, reason: FinishReason, error: str, state: str | None = None
     ) -> None:
         call = end_call(self.keys, self.settings, held, reason, error=error, state=state)
-        finish_now(self.redis, self.scripts, self.keys, self.tag, held, call)
+        finish_now(self.scripts, self.keys, self.settings, self.tag, held, call)
         with self.held_lock:
             self.held.pop(held.request_id, None)
 

@@ -65,6 +65,10 @@ class SimEngine:
     def kv_cache_budget_bytes(self) -> int:
         return 0
 
+    @property
+    def embedding_size(self) -> int | None:
+        return None  # a simulated model computes no embeddings
+
     def encode_prompt(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
 

@@ -9,21 +9,20 @@ custom_id.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import orjson
 import redis
 
 from producer.batch import store, webhooks
+from producer.batch.collect import Pending, collect, hset, read_pending
 from producer.batch.context import Context
 from producer.batch.lines import BatchLine
 from producer.batch.models import BatchState
-from producer.batch.output import error_line, result_line
-from shared.errors import NotFound, UnknownModel
+from producer.batch.output import error_line, refused_line
+from producer.requests import choice_requests
+from shared.errors import UnknownModel
 from shared.flows import Enqueued, drive, ended_flow, enqueue_flow
 from shared.models import TENANT, GenerationRequest
-from shared.records import RESULT_FIELDS, decode_hash, result_from_hash
-from shared.replies import text
 
 FAN_OUT_CHUNK = 100
 
@@ -53,27 +52,40 @@ def advance(ctx: Context, batch_id: str, m: dict[str, str]) -> bool:
         cancel_pending(ctx, batch_id)
     else:
         fan_out(ctx, batch_id, m)
-    collect(ctx, batch_id)
+    collect(ctx, batch_id, cancelling)
     return _finish_if_done(ctx, batch_id, cancelling)
 
 
 def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
-    """Enqueue the next lines that fit; returns how many were taken."""
+    """Enqueue the next lines that fit (a line's n choices as n requests); returns how
+    many lines were taken."""
     cursor, total = int(m["cursor"]), int(m["total"])
-    room = ctx.settings.batch_max_in_flight - int(ctx.redis.hlen(ctx.bkeys.pending(batch_id)))
+    room = ctx.settings.batch_max_in_flight - _num_in_flight(ctx, batch_id)
     if room <= 0 or cursor >= total:
         return 0
     lines = store.read_lines(ctx, batch_id, cursor, min(room, FAN_OUT_CHUNK))
     tenant = m.get("tenant") or None
-    requests = [_request(batch_id, int(m["priority"]), tenant, line) for line in lines]
-    enqueued = drive(ctx.scripts, enqueue_flow(ctx.keys, ctx.settings, requests))
+    requests = [
+        r
+        for line in lines
+        if line.request is not None
+        for r in _requests(batch_id, int(m["priority"]), tenant, line, line.request)
+    ]
+    enqueued = (
+        drive(ctx.scripts, enqueue_flow(ctx.keys, ctx.settings, requests)) if requests else []
+    )
     return _record_fan_out(ctx, batch_id, cursor, lines, enqueued)
 
 
-def _request(
-    batch_id: str, priority: int, tenant: str | None, line: BatchLine
-) -> GenerationRequest:
-    metadata = {**line.request.metadata, "batch_id": batch_id, "custom_id": line.custom_id}
+def _num_in_flight(ctx: Context, batch_id: str) -> int:
+    """Lines queued whole; one the queue was too full for is sent again from the cursor."""
+    return sum(p.complete for p in read_pending(ctx, batch_id).values())
+
+
+def _requests(
+    batch_id: str, priority: int, tenant: str | None, line: BatchLine, request: GenerationRequest
+) -> list[GenerationRequest]:
+    metadata = {**request.metadata, "batch_id": batch_id, "custom_id": line.custom_id}
     if tenant is not None:  # whatever a line's own metadata claims
         metadata[TENANT] = tenant
     update = {
@@ -81,71 +93,46 @@ def _request(
         "idempotency_key": f"{batch_id}:{line.custom_id}",
         "metadata": metadata,
     }
-    return line.request.model_copy(update=update)
+    return choice_requests(request.model_copy(update=update), line.n)
 
 
 def _record_fan_out(
     ctx: Context, batch_id: str, cursor: int, lines: list[BatchLine], enqueued: list[Enqueued]
 ) -> int:
     """Record what was enqueued; the cursor stops at the first line that did not fit.
-    Lines after it that did fit (a worker made room meanwhile) are recorded too, so a
-    cancel finds them; the next round enqueues them again and gets the same requests."""
+    Lines after it that did fit (a worker made room meanwhile), and the choices of a line
+    that partly fit, are recorded too, so a cancel finds them; the next round enqueues
+    them again and gets the same requests."""
     pending: dict[str, str] = {}
     failed: dict[str, bytes] = {}
     taken = len(lines)
-    for i, (line, e) in enumerate(zip(lines, enqueued, strict=True)):
-        if e.refused == "full":
+    replies = iter(enqueued)
+    for i, line in enumerate(lines):
+        if line.request is None:
+            failed[line.custom_id] = refused_line(line)
+            continue
+        choices = [next(replies) for _ in range(line.n)]
+        if any(e.refused == "full" for e in choices):
             taken = min(taken, i)  # back off: the next round starts from this line
-        elif e.refused:
+        elif any(e.refused for e in choices):
             message = str(UnknownModel(line.request.model))
             failed[line.custom_id] = error_line(line.custom_id, "unknown_model", message)
-        else:
-            pending[line.custom_id] = f"{line.kind}:{e.request_id}"
+            continue
+        ids = tuple(e.request_id for e in choices if not e.refused)
+        if ids:
+            pending[line.custom_id] = Pending(line.kind, ids, cursor + i, line.n).encode()
     pipe = ctx.redis.pipeline(transaction=True)
-    _hset(pipe, ctx.bkeys.pending(batch_id), pending)
-    _hset(pipe, ctx.bkeys.errors(batch_id), failed)
+    hset(pipe, ctx.bkeys.pending(batch_id), pending)
+    hset(pipe, ctx.bkeys.errors(batch_id), failed)
     pipe.hset(ctx.bkeys.meta(batch_id), "cursor", cursor + taken)
     pipe.execute()
     return taken
 
 
-def collect(ctx: Context, batch_id: str) -> int:
-    """Store the results of lines whose requests have ended; returns how many."""
-    pending = {text(k): text(v) for k, v in ctx.redis.hgetall(ctx.bkeys.pending(batch_id)).items()}
-    pipe = ctx.redis.pipeline(transaction=False)
-    for value in pending.values():
-        pipe.hmget(ctx.keys.request(value.split(":", 1)[1]), RESULT_FIELDS)
-    outputs: dict[str, bytes] = {}
-    errors: dict[str, bytes] = {}
-    for (custom_id, value), raw in zip(pending.items(), pipe.execute(), strict=True):
-        ended = _ended(custom_id, value, raw)
-        if ended is not None:
-            (outputs if ended[0] else errors)[custom_id] = ended[1]
-    pipe = ctx.redis.pipeline(transaction=True)
-    _hset(pipe, ctx.bkeys.outputs(batch_id), outputs)
-    _hset(pipe, ctx.bkeys.errors(batch_id), errors)
-    if outputs or errors:
-        pipe.hdel(ctx.bkeys.pending(batch_id), *outputs, *errors)
-    pipe.execute()
-    return len(outputs) + len(errors)
-
-
-def _ended(custom_id: str, value: str, raw: list[Any]) -> tuple[bool, bytes] | None:
-    kind, request_id = value.split(":", 1)
-    try:
-        result = result_from_hash(request_id, decode_hash(raw, RESULT_FIELDS))
-    except NotFound:
-        message = f"request {request_id} expired before its result was collected"
-        return False, error_line(custom_id, "expired", message, request_id)
-    if result is None:
-        return None
-    return result_line(custom_id, kind, result)  # type: ignore[arg-type]
-
-
 def cancel_pending(ctx: Context, batch_id: str) -> None:
-    """Cancel every line in flight: queued ones go at once, running ones within a step."""
-    pending = ctx.redis.hvals(ctx.bkeys.pending(batch_id))
-    ids = [text(value).split(":", 1)[1] for value in pending]
+    """Cancel every line in flight, each of its choices: queued ones go at once, running
+    ones within a step."""
+    ids = [i for p in read_pending(ctx, batch_id).values() for i in p.ids]
     drive(ctx.scripts, ended_flow(ctx.keys, ctx.settings, "cancel", ids))
 
 
@@ -189,13 +176,6 @@ def finish(ctx: Context, batch_id: str, state: BatchState) -> None:
     for key in ctx.bkeys.all_of(batch_id):
         pipe.expire(key, ctx.settings.batch_ttl_s)
     pipe.execute()
-
-
-def _hset(
-    pipe: redis.client.Pipeline, key: str, mapping: dict[str, str] | dict[str, bytes]
-) -> None:
-    if mapping:
-        pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
 
 
 def _wait(wakeups: redis.client.PubSub, timeout_s: float) -> None:

@@ -4,19 +4,25 @@ A line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" |
 "/v1/completions" | "/v1/embeddings", "body": {...}}``; ``url`` and ``method`` may be
 left out (the body's ``messages``, ``prompt`` or ``input`` says which), and so may
 ``body`` (the rest of the line is the body). An embeddings line embeds one text.
+
+A line that cannot be told apart from the others (not JSON, no custom_id or one used
+twice, an unknown url) refuses the whole file with BatchInputError, and nothing is
+queued. A line whose body the live route would refuse is kept with that refusal: the
+batch runs its other lines and writes the refusal to its error file (``bodies``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
-from producer.requests import validate_request
+from producer.tools import ToolPlan
 from shared.errors import InvalidRequest
-from shared.models import MAX_METADATA_ITEMS, OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
+from shared.models import GenerationRequest
 from shared.settings import Settings
 
 Kind = Literal["chat", "completion", "embedding"]
@@ -25,26 +31,12 @@ URL_KINDS: dict[str, Kind] = {
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
 }
-EMBEDDING_KNOWN = {"model", "input", "dimensions", "encoding_format", "user", "metadata"}
-# OpenAI fields that are accepted only at the value that changes nothing.
-NEUTRAL = {"n": 1, "stream": False, "logprobs": False}
-IGNORED = ("user", "store", "service_tier")
-KNOWN = {
-    "model",
-    "messages",
-    "prompt",
-    "max_tokens",
-    "max_completion_tokens",
-    "stop",
-    "metadata",
-    "response_format",
-    *OPENAI_PASSTHROUGH_SAMPLING,
-    *NEUTRAL,
-    *IGNORED,
-}
+BODY_KINDS: tuple[tuple[str, Kind], ...] = (
+    ("messages", "chat"),
+    ("prompt", "completion"),
+    ("input", "embedding"),
+)
 MAX_CUSTOM_ID_CHARS = 200
-# The driver adds batch_id and custom_id to each line's metadata.
-MAX_LINE_METADATA = MAX_METADATA_ITEMS - 2
 MAX_REPORTED_ERRORS = 10
 
 
@@ -60,26 +52,62 @@ class BatchInputError(InvalidRequest):
 
 
 @dataclass(frozen=True)
+class LineError:
+    """What a live call with the line's body would answer: its status and error object."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
+    type: str = "invalid_request_error"
+    status: int = 400
+
+
+@dataclass(frozen=True)
 class BatchLine:
+    """One input line: choice 0's request (the driver sends ``n``, seeds seed + i), the
+    tool plan its answer is rendered with, or, for a refused line, the error instead."""
+
     custom_id: str
     kind: Kind
-    request: GenerationRequest
+    request: GenerationRequest | None
+    n: int = 1
+    tools: ToolPlan | None = None
+    logprobs: bool = False
+    error: LineError | None = None
 
     def to_json(self) -> bytes:
-        request = self.request.model_dump(mode="json")
-        return orjson.dumps({"custom_id": self.custom_id, "kind": self.kind, "request": request})
+        request = None if self.request is None else self.request.model_dump(mode="json")
+        line = {
+            "custom_id": self.custom_id,
+            "kind": self.kind,
+            "request": request,
+            "n": self.n,
+            "tools": None if self.tools is None else self.tools.to_dict(),
+            "logprobs": self.logprobs,
+            "error": None if self.error is None else dataclasses.asdict(self.error),
+        }
+        return orjson.dumps(line)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> BatchLine:
-        raw = orjson.loads(data)
-        request = GenerationRequest.model_validate(raw["request"])
-        return cls(raw["custom_id"], raw["kind"], request)
+        raw: dict[str, Any] = orjson.loads(data)
+        request, tools, error = raw.get("request"), raw.get("tools"), raw.get("error")
+        return cls(
+            raw["custom_id"],
+            raw["kind"],
+            None if request is None else GenerationRequest.model_validate(request),
+            int(raw.get("n", 1)),
+            None if tools is None else ToolPlan.from_dict(tools),
+            bool(raw.get("logprobs")),
+            None if error is None else LineError(**error),
+        )
 
 
 def parse_jsonl(
     text: str | bytes, settings: Settings, *, model: str | None = None, max_lines: int = 50_000
 ) -> list[BatchLine]:
-    """Every non-blank line parsed and validated; raises BatchInputError naming the bad ones."""
+    """Every non-blank line parsed; raises BatchInputError naming the lines it cannot
+    tell apart. Lines with bad bodies come back with their ``error``."""
     raw = text.decode() if isinstance(text, bytes) else text
     numbered = [(n, s) for n, s in enumerate(raw.splitlines(), 1) if s.strip()]
     if not numbered:
@@ -110,6 +138,10 @@ def parse_lines(
 
 
 def parse_line(text: str, settings: Settings, *, model: str | None = None) -> BatchLine:
+    # Imported here: bodies go through the gateway's models, and only a batch being
+    # parsed should load the web stack (``tokenq`` commands stay light).
+    from producer.batch.bodies import parse_body
+
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as e:
@@ -118,57 +150,7 @@ def parse_line(text: str, settings: Settings, *, model: str | None = None) -> Ba
         raise InvalidRequest("a line must be a JSON object")
     custom_id = _custom_id(data.get("custom_id"))
     body = _body(data)
-    kind = _kind(data, body)
-    return BatchLine(custom_id, kind, to_request(body, kind, settings, model=model))
-
-
-def to_request(
-    body: Mapping[str, Any], kind: Kind, settings: Settings, *, model: str | None = None
-) -> GenerationRequest:
-    if kind == "embedding":
-        return _embed_request(body, settings, model)
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise InvalidRequest(f"body: unsupported field(s) {', '.join(unknown)}")
-    for name, neutral in NEUTRAL.items():
-        if name in body and body[name] != neutral:
-            raise InvalidRequest(f"body.{name}: only {neutral!r} is supported")
-    metadata = body.get("metadata") or {}
-    if isinstance(metadata, dict) and len(metadata) > MAX_LINE_METADATA:
-        raise InvalidRequest(f"body.metadata: at most {MAX_LINE_METADATA} items in a batch line")
-    fields: dict[str, Any] = {
-        "model": body.get("model") or model or settings.default_model,
-        "sampling": _sampling(body),
-        "metadata": metadata,
-    }
-    if kind == "chat":
-        fields["messages"] = [_message(m) for m in _list(body.get("messages"), "messages")]
-    else:
-        fields["prompt"] = _prompt(body.get("prompt"))
-    return validate_request(settings, fields)
-
-
-def _embed_request(
-    body: Mapping[str, Any], settings: Settings, model: str | None
-) -> GenerationRequest:
-    unknown = sorted(set(body) - EMBEDDING_KNOWN)
-    if unknown:
-        raise InvalidRequest(f"body: unsupported field(s) {', '.join(unknown)}")
-    if body.get("encoding_format", "float") != "float":
-        raise InvalidRequest("body.encoding_format: only 'float' is supported in a batch")
-    text = body.get("input")
-    if isinstance(text, list) and len(text) == 1:
-        text = text[0]
-    if not isinstance(text, str):
-        raise InvalidRequest("body.input: give one text per batch line")
-    fields = {
-        "model": body.get("model") or model or settings.default_model,
-        "task": "embed",
-        "prompt": text,
-        "dimensions": body.get("dimensions"),
-        "metadata": body.get("metadata") or {},
-    }
-    return validate_request(settings, fields)
+    return parse_body(custom_id, _kind(data, body), body, settings, model)
 
 
 def _custom_id(value: object) -> str:
@@ -192,68 +174,10 @@ def _kind(data: dict[str, Any], body: dict[str, Any]) -> Kind:
         raise InvalidRequest(f"method: only POST is supported, not {data['method']!r}")
     url = data.get("url")
     if url is None:
-        return "chat" if "messages" in body else "embedding" if "input" in body else "completion"
+        for field, kind in BODY_KINDS:
+            if field in body:
+                return kind
+        raise InvalidRequest("body: give messages, prompt or input (or the line's url)")
     if url not in URL_KINDS:
         raise InvalidRequest(f"url: {url!r} is not supported; use one of {', '.join(URL_KINDS)}")
     return URL_KINDS[url]
-
-
-def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
-    values = {
-        name: body[name] for name in OPENAI_PASSTHROUGH_SAMPLING if body.get(name) is not None
-    }
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        values["max_tokens"] = max_tokens
-    stop = body.get("stop")
-    if stop is not None:
-        values["stop"] = [stop] if isinstance(stop, str) else stop
-    schema = _response_schema(body.get("response_format"))
-    if schema is not None:
-        if "guided_json" in values or "guided_regex" in values:
-            raise InvalidRequest("body.response_format: give it or guided_json/guided_regex")
-        values["guided_json"] = schema
-    return values
-
-
-def _response_schema(response_format: object) -> object:
-    """The guided_json schema a response_format asks for (None for text)."""
-    if response_format is None:
-        return None
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema" and isinstance(response_format, dict):
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if isinstance(schema, dict):
-            return schema
-    raise InvalidRequest(
-        "body.response_format: give {'type': 'text' | 'json_object'} or "
-        "{'type': 'json_schema', 'json_schema': {'schema': {...}}}"
-    )
-
-
-def _message(message: object) -> dict[str, Any]:
-    if not isinstance(message, dict):
-        raise InvalidRequest("messages: each message must be an object")
-    role = "system" if message.get("role") == "developer" else message.get("role")
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return {"role": role, "content": content}
-
-
-def _prompt(prompt: object) -> object:
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise InvalidRequest("prompt: give one prompt per line, not a list")
-        return prompt[0]
-    return prompt
-
-
-def _list(value: object, name: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise InvalidRequest(f"{name}: must be a list")
-    return value

@@ -48,8 +48,10 @@ class Batches:
         tenant: str | None = None,
     ) -> str:
         """Create a batch from JSONL (text, bytes, a path) or line dicts; returns its id.
-        Raises BatchInputError listing bad lines; nothing is queued then. Its lines run
-        as ``tenant``'s requests, whatever their own metadata says."""
+        Raises BatchInputError listing the lines it cannot tell apart (not JSON, no or a
+        repeated custom_id, an unknown url); nothing is queued then. A line whose body
+        the live route would refuse gets that 400 as its error line, and the others run.
+        Its lines run as ``tenant``'s requests, whatever their own metadata says."""
         ctx = self.ctx
         lines = parse_jsonl(
             _jsonl(source), ctx.settings, model=model, max_lines=ctx.settings.max_batch_lines

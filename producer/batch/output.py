@@ -2,29 +2,60 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from producer.batch.lines import Kind
+from producer.batch.lines import BatchLine
 from shared.models import FinishReason, Result
+
+if TYPE_CHECKING:
+    from producer.gateway.entries import Entry
 
 OK_REASONS = (FinishReason.STOP, FinishReason.LENGTH)
 
 
-def result_line(custom_id: str, kind: Kind, result: Result) -> tuple[bool, bytes]:
-    """(True, output line) for a request that finished, else (False, error line)."""
-    if result.finish_reason not in OK_REASONS:
-        message = result.error or f"request ended with finish_reason {result.finish_reason}"
-        return False, error_line(custom_id, str(result.finish_reason), message, result.id)
-    response = {"status_code": 200, "request_id": result.id, "body": _body(kind, result)}
-    line = {
-        "id": f"batch_req_{result.id}",
-        "custom_id": custom_id,
+def result_line(
+    line: BatchLine,
+    results: Sequence[Result],
+    streams: Sequence[Sequence[Entry]] | None = None,
+) -> tuple[bool, bytes]:
+    """(True, output line) when every choice finished, else (False, error line)."""
+    for result in results:
+        if result.finish_reason not in OK_REASONS:
+            message = result.error or f"request ended with finish_reason {result.finish_reason}"
+            code = str(result.finish_reason)
+            return False, error_line(line.custom_id, code, message, result.id)
+    response = {
+        "status_code": 200,
+        "request_id": ",".join(r.id for r in results),  # as the live route's header
+        "body": _body(line, results, streams),
+    }
+    output = {
+        "id": f"batch_req_{results[0].id}",
+        "custom_id": line.custom_id,
         "response": response,
         "error": None,
     }
-    return True, orjson.dumps(line)
+    return True, orjson.dumps(output)
+
+
+def refused_line(line: BatchLine) -> bytes:
+    """The error line of a line whose body was refused: the live route's answer, as the
+    response, and its message as the error."""
+    error = line.error
+    if error is None:
+        raise ValueError(f"line {line.custom_id!r} was not refused")
+    detail = {"message": error.message, "type": error.type, "param": error.param}
+    body = {"error": {**detail, "code": error.code}}
+    output = {
+        "id": None,
+        "custom_id": line.custom_id,
+        "response": {"status_code": error.status, "request_id": None, "body": body},
+        "error": {"code": error.code or error.type, "message": error.message},
+    }
+    return orjson.dumps(output)
 
 
 def error_line(custom_id: str, code: str, message: str, request_id: str | None = None) -> bytes:
@@ -37,27 +68,16 @@ def error_line(custom_id: str, code: str, message: str, request_id: str | None =
     return orjson.dumps(line)
 
 
-def _body(kind: Kind, result: Result) -> dict[str, Any]:
-    if kind == "embedding":
-        return _embedding_body(result)
-    usage = result.usage
-    body: dict[str, Any] = {
-        "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{result.id}",
-        "object": "chat.completion" if kind == "chat" else "text_completion",
-        "model": result.model,
-        "usage": {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-        },
-    }
-    choice: dict[str, Any] = {"index": 0, "finish_reason": str(result.finish_reason)}
-    if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": result.text}
-    else:
-        choice["text"] = result.text
-    body["choices"] = [choice]
-    return body
+def _body(
+    line: BatchLine, results: Sequence[Result], streams: Sequence[Sequence[Entry]] | None
+) -> dict[str, Any]:
+    if line.kind == "embedding":
+        return _embedding_body(results[0])
+    # Imported here: the renderer is the gateway's, and only a worker that collects
+    # results should load the web stack.
+    from producer.batch.render import completion_body
+
+    return completion_body(line, results, streams)
 
 
 def _embedding_body(result: Result) -> dict[str, Any]:

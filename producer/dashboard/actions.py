@@ -7,11 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 import redis.asyncio
 
+from producer.batch.chain import MAX_WATCH_TRIES
+from producer.batch.collect import Pending
+from producer.batch.models import BatchState
 from producer.dashboard.errors import Conflict, NotFoundError
-from shared.flows import cancel_flow, drive_async, retry_flow
-from shared.keys import Keys, tag_of
+from shared.flows import cancel_flow, drive_async, ended_flow, retry_flow
+from shared.keys import BatchKeys, Keys, check_batch_id, tag_of
 from shared.replies import text
 from shared.scripts import AsyncScripts
 from shared.settings import Settings
@@ -60,6 +64,36 @@ class AsyncAdmin:
             pipe.zrem(self.keys.dead(tag), rid)
         await pipe.execute()
         return len(ids)
+
+    async def cancel_batch(self, bkeys: BatchKeys, batch_id: str) -> str:
+        """As ``Batches.cancel`` over this connection: mark the batch cancelling (its
+        driver ends it on its next round) and cancel its lines in flight now. Returns its
+        state: 'cancelling', or the state it had already ended in."""
+        state = await self._mark_cancelling(bkeys.meta(check_batch_id(batch_id)), batch_id)
+        if state != BatchState.CANCELLING:
+            return state
+        pending = await self.redis.hvals(bkeys.pending(batch_id))
+        ids = [i for value in pending for i in Pending.decode(value).ids]
+        await drive_async(self.scripts, ended_flow(self.keys, self.settings, "cancel", ids))
+        return state
+
+    async def _mark_cancelling(self, meta: str, batch_id: str) -> str:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for _ in range(MAX_WATCH_TRIES):
+                try:
+                    await pipe.watch(meta)
+                    state = await pipe.hget(meta, "state")
+                    if state is None:
+                        raise NotFoundError(f"batch {batch_id} does not exist", "batch_not_found")
+                    if text(state) != BatchState.IN_PROGRESS:
+                        return text(state)
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.hset(meta, "state", BatchState.CANCELLING.value)
+                    await pipe.execute()
+                    return BatchState.CANCELLING.value
+                except redis.WatchError:
+                    continue
+        raise Conflict(f"batch {batch_id} kept changing; try the cancel again", "busy")
 
     async def set_paused(self, tag: str, paused: bool) -> None:
         """Paused: workers stop claiming from the queue (what they hold runs on)."""

@@ -1,8 +1,9 @@
 """Queue figures per model and priority, read in a few pipelined round trips.
 
 A queue's score is ``shared.priority.queue_score``: requeued work, then new work, each
-in one band per priority, in arrival order. So a priority's depth is the ZCOUNT of
-its two bands, and the first member of each band is the longest waiting.
+in one band per priority, in claim order (fair between tenants, arrival order within
+one). So a priority's depth is the ZCOUNT of its two bands, and the first member of
+each band is next to run (usually, not always, the longest waiting).
 """
 
 from __future__ import annotations

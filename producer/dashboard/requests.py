@@ -50,6 +50,7 @@ class RequestRow(BaseModel):
     dead_reason: str | None = None
     cancel_requested: bool = False
     ttft_s: float | None = None
+    tenant: str | None = None
 
 
 class RequestDetail(RequestRow):
@@ -112,6 +113,7 @@ def _row(request_id: str, f: dict[str, Any]) -> RequestRow:
         dead_reason=None if f["dead_reason"] is None else text(f["dead_reason"]),
         cancel_requested=f["cancel"] in (b"1", "1"),
         ttft_s=None if created is None or first is None else (first - created) / 1000,
+        tenant=None if f["tenant"] is None else text(f["tenant"]),
     )
 
 

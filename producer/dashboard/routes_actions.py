@@ -29,6 +29,12 @@ def add_routes(router: APIRouter, dash: Dashboard) -> None:
         or 'done' (had already ended)."""
         return {"id": request_id, "result": await dash.admin.cancel(check_request_id(request_id))}
 
+    @router.post("/api/batches/{batch_id}/cancel", dependencies=act)
+    async def cancel_batch(batch_id: str) -> dict[str, Any]:
+        """Stop a batch: its queued lines are removed, running ones stop within a step;
+        state: 'cancelling' (its driver ends it shortly), or the state it had ended in."""
+        return {"id": batch_id, "state": await dash.admin.cancel_batch(dash.bkeys, batch_id)}
+
     @router.post("/api/requests/{request_id}/retry", dependencies=act)
     async def retry(request_id: str) -> dict[str, Any]:
         await dash.admin.retry(check_request_id(request_id))

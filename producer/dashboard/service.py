@@ -14,13 +14,14 @@ import redis.asyncio
 from pydantic import BaseModel
 
 from producer.dashboard.actions import AsyncAdmin
+from producer.dashboard.batches import BatchRow, UsageRow, batch_rows, usage_rows
 from producer.dashboard.config import DashboardConfig
 from producer.dashboard.history import Sampler, history, latest
 from producer.dashboard.queues import QueueStats, known_models, queue_stats
 from producer.dashboard.requests import LIST_KINDS, RequestRow, request_list
 from producer.dashboard.values import redis_ms
 from producer.dashboard.workers import WorkerRow, worker_rows
-from shared.keys import Keys
+from shared.keys import BatchKeys, Keys
 from shared.scripts import AsyncScripts
 from shared.settings import Settings
 
@@ -33,6 +34,8 @@ class Overview(BaseModel):
     queues: list[QueueStats]
     workers: list[WorkerRow]
     lists: dict[str, list[RequestRow]]
+    batches: list[BatchRow] = []
+    usage: list[UsageRow] = []
 
 
 class Dashboard:
@@ -41,6 +44,7 @@ class Dashboard:
         self.config = config
         self.keys = Keys(settings.namespace)
         self.dkeys = Keys(settings.namespace)
+        self.bkeys = BatchKeys(settings.namespace)
         self._source = source
         self._redis: redis.asyncio.Redis | None = None
         self._scripts: AsyncScripts | None = None
@@ -102,7 +106,14 @@ class Dashboard:
         )
         tags, limit = list(models), self.config.list_limit
         lists = {k: await request_list(self.redis, self.keys, tags, k, limit) for k in LIST_KINDS}
-        return Overview(t=now_ms, queues=queues, workers=workers, lists=lists)
+        return Overview(
+            t=now_ms,
+            queues=queues,
+            workers=workers,
+            lists=lists,
+            batches=await batch_rows(self.redis, self.bkeys, limit),
+            usage=await usage_rows(self.redis, self.keys, now_ms / 1000),
+        )
 
     async def _add_rates(self, queues: list[QueueStats], now_ms: int) -> None:
         """Rates over the last minute of history: in = enqueued/s; out = left the queue/s

@@ -10,7 +10,7 @@ tenant's id answers 404, as one that does not exist would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -19,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from producer.gateway.config import ApiKeys
 from producer.gateway.errors import ApiError
 from shared.priority import MAX_PRIORITY, Priority, parse_priority, priority_name
+from shared.ratelimit import Limits
 
 OPEN_TENANT = "default"
 _bearer = HTTPBearer(auto_error=False, description="an API key from TOKENQ_API_KEYS")
@@ -29,6 +30,9 @@ class Principal:
     tenant: str
     max_priority: int
     sees_all: bool = False  # an open gateway (no keys) has no tenants to keep apart
+    weight: float = 1.0
+    limits: Limits = field(default_factory=Limits)
+    bucket: str = ""
 
     @property
     def scope(self) -> str | None:
@@ -48,7 +52,7 @@ def authenticate(
     key = keys.lookup(credentials.credentials)
     if key is None:
         raise _unauthorized("unknown API key")
-    return Principal(key.tenant, key.max_priority)
+    return Principal(key.tenant, key.max_priority, False, key.weight, key.limits, key.bucket)
 
 
 Caller = Annotated[Principal, Depends(authenticate)]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import redis.asyncio
 from fastapi import Depends, Request
 
+from producer.gateway.auth import Principal
 from producer.gateway.config import GatewayConfig
 from producer.gateway.entries import Entry
 from producer.gateway.errors import ApiError
@@ -17,9 +19,10 @@ from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.registry import ModelRegistry
 from producer.requests import validate_request
 from shared.errors import NotFound
-from shared.flows import accepted, cancel_flow, drive_async, enqueue_flow
+from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys
-from shared.models import TENANT, GenerationRequest, RequestStatus, Result
+from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest, RequestStatus, Result
+from shared.ratelimit import headers, limited_enqueue_flow, rate_limited
 from shared.reads import run_read_async, view_read
 from shared.replies import text
 from shared.scripts import AsyncScripts
@@ -31,6 +34,7 @@ class Submitted:
     request_id: str
     duplicate: bool
     request: GenerationRequest
+    rate_headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, if limited
 
 
 class Backend:
@@ -51,16 +55,38 @@ class Backend:
         self.registry = ModelRegistry(connection, self.keys, config.models_cache_s)
         self._scripts = AsyncScripts(connection)
 
-    async def submit(self, request: GenerationRequest, api: str) -> Submitted:
+    async def submit(
+        self, request: GenerationRequest, api: str, caller: Principal | None = None
+    ) -> Submitted:
         """Enqueue ``request``; UnknownModel (404) for a model no worker has served lately
-        (the enqueue script decides, per TOKENQ_REQUIRE_KNOWN_MODEL)."""
+        (the enqueue script decides, per TOKENQ_REQUIRE_KNOWN_MODEL); RateLimited (429)
+        when the caller's key is over a limit. The caller's key sets its weight."""
+        if caller is not None:
+            request = weighted(request, caller.weight)
         request = validate_request(self.settings, request)
-        flow = enqueue_flow(self.keys, self.settings, [request])
-        (enqueued,) = await drive_async(self._scripts, flow)
+        enqueued, rate_headers = await self._enqueue(request, caller)
         accepted([enqueued], [request], self.settings)
         if not enqueued.duplicate:
             self.metrics.accepted(request.model, request.priority, api)
-        return Submitted(enqueued.request_id, enqueued.duplicate, request)
+        return Submitted(enqueued.request_id, enqueued.duplicate, request, rate_headers)
+
+    async def _enqueue(
+        self, request: GenerationRequest, caller: Principal | None
+    ) -> tuple[Enqueued, dict[str, str]]:
+        """The enqueue's outcome, and the caller's x-ratelimit-* figures when it has limits."""
+        if caller is None or not caller.limits.any:
+            (enqueued,) = await drive_async(
+                self._scripts, enqueue_flow(self.keys, self.settings, [request])
+            )
+            return enqueued, {}
+        now_ms = int(time.time() * 1000)
+        flow = limited_enqueue_flow(
+            self.keys, self.settings, caller.bucket, caller.limits, [request], now_ms
+        )
+        done, verdict = await drive_async(self._scripts, flow)
+        if verdict is not None and not verdict.ok:
+            raise rate_limited(verdict)
+        return done[0], {} if verdict is None else headers(verdict)
 
     async def view(
         self, request_id: str, scope: str | None = None
@@ -128,3 +154,12 @@ def get_backend(request: Request) -> Backend:
 
 
 BackendDep = Annotated[Backend, Depends(get_backend)]
+
+
+def weighted(request: GenerationRequest, weight: float) -> GenerationRequest:
+    """The request with its key's weight, whatever its body's metadata said (1, the
+    default, is left unsaid)."""
+    metadata = {k: v for k, v in request.metadata.items() if k != TENANT_WEIGHT}
+    if weight != 1.0:
+        metadata[TENANT_WEIGHT] = weight
+    return request.model_copy(update={"metadata": metadata})

@@ -21,10 +21,12 @@ from shared.errors import (
     InvalidRequest,
     NotFound,
     QueueFull,
+    RateLimited,
     RequestTimeout,
     TokenqError,
     UnknownModel,
 )
+from shared.ratelimit import retry_after_header
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,8 @@ _DESCRIPTIONS = {
     403: "the API key may not use the priority asked for",
     404: "no such request, or a model no worker has served lately",
     409: "the request has ended and cannot be changed",
-    429: "the model's queue is full; retry after Retry-After seconds",
+    429: "the model's queue is full or the API key is over a rate limit; retry after "
+    "Retry-After seconds (x-ratelimit-* say which limit)",
     503: "Redis is unreachable",
     504: "the request's deadline passed before it ran",
 }
@@ -124,6 +127,8 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         return ApiError(
             429, str(exc), type="queue_full", code="queue_full", headers={"Retry-After": retry}
         )
+    if isinstance(exc, RateLimited):
+        return _rate_limited(exc)
     if isinstance(exc, UnknownModel):
         return ApiError(
             404, str(exc), type="not_found_error", param="model", code="model_not_found"
@@ -144,6 +149,17 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         )
     log.exception("unexpected error", exc_info=exc)
     return ApiError(500, "internal error; the gateway log has the details", type="server_error")
+
+
+def _rate_limited(exc: RateLimited) -> ApiError:
+    """429 with OpenAI's x-ratelimit-* headers, and Retry-After unless it can never fit
+    (then 400-like advice in the message, still 429 as OpenAI answers too-large requests)."""
+    headers = dict(exc.headers)
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = retry_after_header(exc.retry_after_s)
+    return ApiError(
+        429, str(exc), type="rate_limit_error", code="rate_limit_exceeded", headers=headers
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

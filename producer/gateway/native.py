@@ -98,8 +98,11 @@ async def submit(
     body: SubmitBody, caller: Caller, backend: BackendDep, response: Response
 ) -> SubmitReply:
     """Queue a request; 202 with its id (200 with the earlier id for a repeated idempotency key)."""
-    submitted = await backend.submit(_request(body, caller, backend.settings), api="native")
+    submitted = await backend.submit(
+        _request(body, caller, backend.settings), api="native", caller=caller
+    )
     status = await backend.status(submitted.request_id)
+    response.headers.update(submitted.rate_headers)
     if submitted.duplicate:
         response.status_code = 200
     return SubmitReply(

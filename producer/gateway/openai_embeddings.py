@@ -13,7 +13,7 @@ from typing import Literal
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from producer.gateway.auth import Caller, Principal, priority_for
 from producer.gateway.backend import Backend, BackendDep, Submitted
@@ -26,7 +26,7 @@ from producer.gateway.openai_routes import (
     cancel_all,
     submit_all,
 )
-from producer.gateway.openai_schemas import MAX_DEADLINE_S, PRIORITY_DOC
+from producer.gateway.openai_schemas import QueueFields
 from producer.gateway.sse import unless_disconnected
 from shared.errors import NotFound
 from shared.models import MAX_EMBEDDING_DIMENSIONS, FinalEvent, GenerationRequest
@@ -36,9 +36,7 @@ MAX_INPUTS = 2048  # OpenAI's own limit on inputs per call
 API = "embeddings"
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EmbeddingRequest(QueueFields):
     model: str
     input: str | list[str] = Field(description=f"a text, or a list of up to {MAX_INPUTS}")
     dimensions: int | None = Field(
@@ -48,13 +46,6 @@ class EmbeddingRequest(BaseModel):
     )
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
-    priority: int | str | None = Field(None, description=PRIORITY_DOC)
-    deadline: float | None = Field(
-        None,
-        description="tokenq: seconds from now to finish by",
-        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DEADLINE_S},
-    )
-    idempotency_key: str | None = Field(None, description="tokenq: repeat-safe submit key")
 
 
 class Embedding(BaseModel):
@@ -84,8 +75,11 @@ async def embeddings(
     body: EmbeddingRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Embed a text or a list of texts (OpenAI-compatible; L2-normalised vectors)."""
-    submitted = await submit_all(backend, embed_requests(body, caller), API)
+    gens = embed_requests(body, caller)
+    await check_dimensions(backend, body)
+    submitted = await submit_all(backend, gens, API, caller)
     headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
+    headers.update(submitted[-1].rate_headers)
     finals = await unless_disconnected(request, _finals(backend, submitted))
     if finals is None:
         backend.metrics.disconnects.labels(API).inc()
@@ -125,6 +119,21 @@ def embed_requests(body: EmbeddingRequest, caller: Principal) -> list[Generation
         ]
     except ValidationError as e:
         raise from_validation_errors(_as_input(e)) from e
+
+
+async def check_dimensions(backend: Backend, body: EmbeddingRequest) -> None:
+    """A 400 for more ``dimensions`` than the model's live workers' embeddings have (a
+    model no worker serves now is left to the queue, as any request is)."""
+    if body.dimensions is None:
+        return
+    live = (await backend.registry.live()).get(body.model)
+    size = None if live is None else live.embedding_size
+    if size is not None and body.dimensions > size:
+        message = (
+            f"dimensions: {body.dimensions} is more than the {size} of model "
+            f"{body.model!r}'s embeddings; ask for {size} or fewer"
+        )
+        raise invalid(message, "dimensions")
 
 
 def embedding_list(body: EmbeddingRequest, finals: list[FinalEvent]) -> EmbeddingList:

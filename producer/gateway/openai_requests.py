@@ -20,6 +20,7 @@ from producer.gateway.openai_schemas import (
     NamedToolChoice,
     ResponseFormat,
 )
+from producer.requests import choice_requests
 from producer.tools import (
     ToolError,
     ToolPlan,
@@ -53,25 +54,7 @@ def chat_request(body: ChatCompletionRequest, caller: Principal) -> ChatPlan:
     _add_guide(sampling, _response_schema(body.response_format), tools)
     messages = with_tool_prompt([to_prompt_message(m) for m in body.messages], tools)
     gen = _build(body, caller, {"messages": messages}, sampling, body.metadata)
-    return ChatPlan(fan_out(gen, body.n), tools)
-
-
-def fan_out(gen: GenerationRequest, n: int) -> list[GenerationRequest]:
-    """``n`` requests for ``n`` choices: choice i has seed + i and idempotency key #i."""
-    if n == 1:
-        return [gen]
-    seed, key = gen.sampling.seed, gen.idempotency_key
-    return [
-        gen.model_copy(
-            update={
-                "sampling": gen.sampling.model_copy(
-                    update={"seed": None if seed is None else (seed + i) % 2**63}
-                ),
-                "idempotency_key": None if key is None else f"{key}#{i}",
-            }
-        )
-        for i in range(n)
-    ]
+    return ChatPlan(choice_requests(gen, body.n), tools)
 
 
 def _tool_plan(body: ChatCompletionRequest) -> ToolPlan:

@@ -11,7 +11,7 @@ import redis
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from producer.gateway.auth import Caller
+from producer.gateway.auth import Caller, Principal
 from producer.gateway.backend import Backend, BackendDep, Submitted, model_not_found
 from producer.gateway.entries import Entry
 from producer.gateway.errors import error_responses, map_tokenq_error
@@ -22,7 +22,7 @@ from producer.gateway.openai_output import (
     failure,
     stream_end,
 )
-from producer.gateway.openai_requests import chat_request, completion_request, fan_out
+from producer.gateway.openai_requests import chat_request, completion_request
 from producer.gateway.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -33,6 +33,7 @@ from producer.gateway.openai_schemas import (
 )
 from producer.gateway.registry import LiveModel
 from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
+from producer.requests import choice_requests
 from shared.errors import NotFound, TokenqError
 from shared.models import FinalEvent, GenerationRequest
 
@@ -68,7 +69,7 @@ async def chat_completions(
     model = plan.requests[0].model
     renderers = [Renderer("chat", "", model, include_usage, i, plan.tools) for i in range(body.n)]
     whole: Whole = lambda finals: chat_completion(renderers, finals, body.logprobs)  # noqa: E731
-    return await _answer(request, backend, plan.requests, body.stream, renderers, whole)
+    return await _answer(request, backend, caller, plan.requests, body.stream, renderers, whole)
 
 
 @router.post(
@@ -78,12 +79,12 @@ async def completions(
     body: CompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Continue a prompt (OpenAI-compatible; one prompt per request)."""
-    gens = fan_out(completion_request(body, caller), body.n)
+    gens = choice_requests(completion_request(body, caller), body.n)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     renderers = [Renderer("text", "", gens[0].model, include_usage, i) for i in range(body.n)]
     want_logprobs = body.logprobs is not None
     whole: Whole = lambda finals: completion(renderers, finals, want_logprobs)  # noqa: E731
-    return await _answer(request, backend, gens, body.stream, renderers, whole)
+    return await _answer(request, backend, caller, gens, body.stream, renderers, whole)
 
 
 @router.get("/models", response_model=ModelList, responses=error_responses(401, 503))
@@ -110,15 +111,17 @@ def _card(model: LiveModel) -> ModelCard:
 async def _answer(
     request: Request,
     backend: Backend,
+    caller: Principal,
     gens: list[GenerationRequest],
     stream: bool,
     renderers: list[Renderer],
     whole: Whole,
 ) -> Response:
-    submitted = await submit_all(backend, gens, renderers[0].kind)
+    submitted = await submit_all(backend, gens, renderers[0].kind, caller)
     for renderer in renderers:
         renderer.request_id = submitted[0].request_id
     headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
+    headers.update(submitted[-1].rate_headers)
     if stream:
         return _stream(backend, submitted, renderers, headers)
     collect = asyncio.gather(
@@ -139,12 +142,14 @@ async def _gathered(work: Awaitable[list[FinalEvent]]) -> list[FinalEvent]:
     return await work
 
 
-async def submit_all(backend: Backend, gens: list[GenerationRequest], kind: str) -> list[Submitted]:
+async def submit_all(
+    backend: Backend, gens: list[GenerationRequest], kind: str, caller: Principal
+) -> list[Submitted]:
     """One request per choice; when one is refused, the ones before it are cancelled."""
     submitted: list[Submitted] = []
     try:
         for gen in gens:
-            submitted.append(await backend.submit(gen, api=kind))
+            submitted.append(await backend.submit(gen, api=kind, caller=caller))
     except BaseException:
         await cancel_all(backend, submitted)
         raise

@@ -47,9 +47,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class GenerationBody(BaseModel):
+class QueueFields(BaseModel):
+    """tokenq's own fields of every queued OpenAI request (chat, completions, embeddings)."""
+
     model_config = ConfigDict(extra="forbid")
 
+    priority: int | str | None = Field(None, description=PRIORITY_DOC)
+    deadline: float | None = Field(
+        None,
+        description="tokenq: seconds from now to finish by",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DEADLINE_S},
+    )
+    idempotency_key: str | None = Field(None, description="tokenq: repeat-safe submit key")
+
+
+class GenerationBody(QueueFields):
     model: str
     max_tokens: int | None = _sampled("max_tokens")
     temperature: float | None = _sampled("temperature")
@@ -65,13 +77,6 @@ class GenerationBody(BaseModel):
     logit_bias: dict[str, float] | None = Field(
         None, description="token id (as a string) to a bias from -100 to 100"
     )
-    priority: int | str | None = Field(None, description=PRIORITY_DOC)
-    deadline: float | None = Field(
-        None,
-        description="tokenq: seconds from now to finish by",
-        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DEADLINE_S},
-    )
-    idempotency_key: str | None = Field(None, description="tokenq: repeat-safe submit key")
     top_k: int | None = _sampled("top_k")
     min_p: float | None = _sampled("min_p")
     guided_json: dict[str, Any] | None = Field(None, description="tokenq: a JSON schema to fit")

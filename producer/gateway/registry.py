@@ -23,6 +23,9 @@ class LiveModel:
     name: str
     num_workers: int
     created_s: int  # earliest heartbeat seen among its workers, unix s
+    # The smallest embedding length its workers report (their hidden size); None when
+    # none reports one (a simulated model, or workers from before they did).
+    embedding_size: int | None = None
 
 
 class ModelRegistry:
@@ -48,15 +51,23 @@ class ModelRegistry:
             return {}
         pipe = self._redis.pipeline(transaction=False)
         for worker_id, _ in ids:
-            pipe.hmget(self._keys.worker(text(worker_id)), ["model"])
+            pipe.hmget(self._keys.worker(text(worker_id)), ["model", "embedding_size"])
         replies = await pipe.execute()
         models: dict[str, LiveModel] = {}
-        for (_, score), reply in zip(ids, replies, strict=True):
-            model = reply[0]
+        for (_, score), (model, size) in zip(ids, replies, strict=True):
             if model is None:
                 continue  # its hash expired: the worker is gone
-            name, seen = text(model), int(score)
-            known = models.get(name)
-            first = seen if known is None else min(known.created_s, seen)
-            models[name] = LiveModel(name, 1 if known is None else known.num_workers + 1, first)
+            name = text(model)
+            models[name] = _counted(models.get(name), name, int(score), size)
         return models
+
+
+def _counted(known: LiveModel | None, name: str, seen_s: int, raw_size: bytes | None) -> LiveModel:
+    """``known`` with one more worker, seen at ``seen_s``, whose embeddings are
+    ``raw_size`` long (if it says)."""
+    size = int(raw_size) if raw_size else None
+    if known is None:
+        return LiveModel(name, 1, seen_s, size)
+    sizes = [s for s in (known.embedding_size, size) if s is not None]
+    first_s = min(known.created_s, seen_s)
+    return LiveModel(name, known.num_workers + 1, first_s, min(sizes, default=None))

@@ -75,6 +75,51 @@ local function queue_score(priority, seq, resumed)
   return score + FRESH_OFFSET
 end
 
+-- Weighted fair order within a band (see shared/fairness.py): 'clock' is a hash
+-- priority -> the band's virtual time V, 'tags' a zset '<priority>:<tenant>' -> band
+-- base + the tenant's virtual finish time F. Numbers stay below 2^53 and are passed to
+-- redis.call as numbers (exact), never through tostring (14 digits).
+local function band_base(priority)
+  return (MAX_PRIORITY - tonumber(priority)) * SCORE_BAND
+end
+
+local function band_clock(clock, priority)
+  return tonumber(redis.call('HGET', clock, priority) or '0')
+end
+
+-- Charge a tenant 'units' of virtual time in a band: returns where its new work
+-- starts, max(F, V), so that an idle tenant comes back level with the clock and
+-- banks no credit.
+local function fair_charge(clock, tags, priority, member, units)
+  local base = band_base(priority)
+  local finish = redis.call('ZSCORE', tags, member)
+  finish = finish and tonumber(finish) - base or 0
+  local start = math.min(math.max(finish, band_clock(clock, priority)), SCORE_BAND - 1)
+  redis.call('ZADD', tags, base + math.min(start + tonumber(units), SCORE_BAND - 1), member)
+  return start
+end
+
+-- New work scored 'score' (new-work region removed) was claimed off 'queue': its
+-- band's clock moves up to its start tag, and tenants whose finish the clock has
+-- passed are dropped (max(F, V) gives V for them anyway). Once the band has no new
+-- work left every tenant is idle: the clock moves to the latest finish and the band's
+-- tags are dropped. So the tags hold only tenants ahead of a busy band's clock.
+local function fair_advance(queue, clock, tags, score)
+  local start = score % SCORE_BAND
+  local base = score - start
+  local priority = tostring(MAX_PRIORITY - math.floor(base / SCORE_BAND))
+  local clock_now = math.max(start, band_clock(clock, priority))
+  if redis.call('ZCOUNT', queue, FRESH_OFFSET + base, FRESH_OFFSET + base + SCORE_BAND - 1) == 0 then
+    local last = redis.call('ZREVRANGEBYSCORE', tags, base + SCORE_BAND - 1, base, 'WITHSCORES',
+      'LIMIT', 0, 1)
+    if last[2] then clock_now = math.max(clock_now, tonumber(last[2]) - base) end
+    redis.call('ZREMRANGEBYSCORE', tags, base, base + SCORE_BAND - 1)
+  else
+    redis.call('ZREMRANGEBYSCORE', tags, base, base + clock_now)
+  end
+  redis.call('HSET', clock, priority, clock_now)
+end
+
 -- Wake one idle worker blocked on the model's wakeup list (a list of at most one item).
 local function wake(wakeup)
   redis.call('LPUSH', wakeup, '1')

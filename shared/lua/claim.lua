@@ -4,6 +4,7 @@
 -- and settle.lua drops the leases of those that may not start.
 -- KEYS[1] queue   KEYS[2] leases (zset id -> expiry ms)   KEYS[3] owners (hash id -> token)
 -- KEYS[4] scores (hash id -> resumed queue score)   KEYS[5] seq counter
+-- KEYS[6] fair clock   KEYS[7] fair tags (new work moves its band's clock; _lib.lua)
 -- ARGV[1] worker id   ARGV[2] lease ms   ARGV[3..] candidate ids
 -- Returns a flat list: id, lease token for each leased request.
 local expiry = now_ms() + tonumber(ARGV[2])
@@ -15,7 +16,10 @@ for i = 3, #ARGV do
   if score and redis.call('ZREM', KEYS[1], id) == 1 and redis.call('HEXISTS', KEYS[3], id) == 0 then
     local token = ARGV[1] .. ':' .. redis.call('INCR', KEYS[5])
     score = tonumber(score)
-    if score >= FRESH_OFFSET then score = score - FRESH_OFFSET end
+    if score >= FRESH_OFFSET then
+      score = score - FRESH_OFFSET
+      fair_advance(KEYS[1], KEYS[6], KEYS[7], score)
+    end
     redis.call('HSET', KEYS[3], id, token)
     redis.call('HSET', KEYS[4], id, score)
     redis.call('ZADD', KEYS[2], expiry, id)

@@ -2,10 +2,12 @@
 -- queue. Idempotent: an id already queued or held by a worker is left as it is.
 -- KEYS[1] queue (zset)   KEYS[2] seq counter   KEYS[3] wakeup list
 -- KEYS[4] deadlines (zset id -> deadline ms)   KEYS[5] served marker (set by workers)
--- KEYS[6] owners
+-- KEYS[6] owners   KEYS[7] fair clock   KEYS[8] fair tags (see _lib.lua)
 -- ARGV[1] request id   ARGV[2] priority (0..MAX_PRIORITY)   ARGV[3] max queued
 -- ARGV[4] deadline ms or ''   ARGV[5] model   ARGV[6] lifecycle channel
 -- ARGV[7] '1' to refuse a model no worker has served recently, '0' to queue it anyway
+-- ARGV[8] fair member '<priority>:<tenant>'   ARGV[9] the request's estimated cost (units)
+-- Within its priority band it sits at its tenant's virtual start time (fair order).
 -- Returns {'ok', id} | {'full', queued count} | {'unknown_model', ''}
 -- On a refusal the caller removes the admitted hash (withdraw.lua).
 local id = ARGV[1]
@@ -15,9 +17,10 @@ end
 if ARGV[7] == '1' and redis.call('EXISTS', KEYS[5]) == 0 then return {'unknown_model', ''} end
 local queued = redis.call('ZCARD', KEYS[1])
 if queued >= tonumber(ARGV[3]) then return {'full', queued} end
-local seq = redis.call('INCR', KEYS[2])
+redis.call('INCR', KEYS[2])  -- counts submissions (the dashboard's 'enqueued')
 if ARGV[4] ~= '' then redis.call('ZADD', KEYS[4], ARGV[4], id) end
-redis.call('ZADD', KEYS[1], queue_score(ARGV[2], seq, false), id)
+local start = fair_charge(KEYS[7], KEYS[8], ARGV[2], ARGV[8], ARGV[9])
+redis.call('ZADD', KEYS[1], queue_score(ARGV[2], start, false), id)
 wake(KEYS[3])
 redis.call('PUBLISH', ARGV[6], cjson.encode({event = 'queued', id = id, model = ARGV[5]}))
 return {'ok', id}

@@ -100,3 +100,18 @@ def test_empty_and_blank_input_are_refused(client: openai.OpenAI) -> None:
         client.embeddings.create(model=DEFAULT_MODEL, input=[])
     with pytest.raises(openai.BadRequestError, match=r"input\[1\]: a text to embed must not be"):
         client.embeddings.create(model=DEFAULT_MODEL, input=["fine", "   "])
+
+
+def test_more_dimensions_than_the_model_has_get_400_naming_its_size(
+    client: openai.OpenAI,
+) -> None:
+    from transformers import AutoConfig
+
+    from worker.model_store import resolve_model
+
+    size = AutoConfig.from_pretrained(resolve_model(DEFAULT_MODEL)).hidden_size
+    with pytest.raises(openai.BadRequestError, match=f"ask for {size} or fewer") as refused:
+        client.embeddings.create(model=DEFAULT_MODEL, input=TEXTS[0], dimensions=size + 1)
+    assert refused.value.param == "dimensions"
+    reply = client.embeddings.create(model=DEFAULT_MODEL, input=TEXTS[0], dimensions=size)
+    assert len(reply.data[0].embedding) == size

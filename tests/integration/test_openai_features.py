@@ -11,11 +11,12 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+from openai.types.chat import ChatCompletionMessageParam
 
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL
 from tests.integration.openai_stack import openai_stack
+from tests.integration.openai_tools import PARAMETERS, TOOLS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PERSON: dict[str, Any] = {
@@ -28,46 +29,6 @@ PERSON: dict[str, Any] = {
     "required": ["name", "age", "likes"],
     "additionalProperties": False,
 }
-WEATHER: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TOOLS: list[ChatCompletionToolParam] = [
-    {
-        "type": "function",
-        "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER},
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "a": {"type": "integer", "minimum": -999, "maximum": 999},
-                    "b": {"type": "integer", "minimum": -999, "maximum": 999},
-                },
-                "required": ["a", "b"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
-ADD: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer", "minimum": -999, "maximum": 999},
-        "b": {"type": "integer", "minimum": -999, "maximum": 999},
-    },
-    "required": ["a", "b"],
-    "additionalProperties": False,
-}
-PARAMETERS = {"get_weather": WEATHER, "add": ADD}
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 import redis.asyncio
 
 from producer.aio import AsyncClient
 from producer.embedded import EmbeddedRedis
+from shared.errors import RateLimited
 from shared.models import FinishReason, RequestState
 from shared.settings import Settings
 from tests.conftest import serve
@@ -28,3 +30,19 @@ async def test_submit_status_cancel_result(redis_server: EmbeddedRedis) -> None:
         assert result.finish_reason is FinishReason.CANCELLED
         handles = await client.submit_many([{"model": "m", "prompt": "x"}] * 3)
         assert len({h.id for h in handles}) == 3
+
+
+async def test_a_client_with_a_key_submits_as_its_tenant_under_its_limits(
+    redis_server: EmbeddedRedis,
+) -> None:
+    connection = redis.asyncio.Redis.from_url(redis_server.url)
+    await connection.flushall()
+    serve(redis.Redis.from_url(redis_server.url), "m")
+    keys = '{"sk-a": {"tenant": "acme", "weight": 2, "requests_per_min": 2}}'
+    settings = Settings(api_keys=keys)
+    async with AsyncClient(connection=connection, settings=settings, api_key="sk-a") as client:
+        handles = [await client.submit("x", model="m") for _ in range(2)]
+        with pytest.raises(RateLimited, match="2 requests per minute"):
+            await client.submit("x", model="m")
+        status = await handles[0].status()
+    assert status.tenant == "acme"

@@ -20,9 +20,17 @@ from shared.calls import (
 )
 from shared.connection import is_cluster
 from shared.errors import QueueFull
+from shared.fairness import estimated_tokens, units
 from shared.flows import claim_flow, drive
 from shared.keys import Keys, model_tag
-from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent, dumps
+from shared.models import (
+    FinalEvent,
+    FinishReason,
+    GenerationRequest,
+    RequestState,
+    TokenEvent,
+    dumps,
+)
 from shared.priority import queue_score
 from shared.replies import text
 from shared.scripts import Scripts
@@ -47,10 +55,14 @@ def test_higher_priority_first_and_fifo_within_a_priority(client: Client) -> Non
 
 
 def test_scripts_score_the_queue_as_queue_score_says(client: Client) -> None:
+    """Within its band a request sits at its tenant's virtual start time (shared.fairness):
+    0 for each band's first, then what the one before it was charged."""
     handles = [client.submit("a", priority="low"), client.submit("b", priority=99)]
+    handles.append(client.submit("c", priority="low"))
+    cost = units(estimated_tokens(GenerationRequest(model=MODEL, prompt="a")), 1.0)
     keys = Keys()
-    for h, priority, seq in zip(handles, (25, 99), (1, 2), strict=True):
-        assert client.redis.zscore(keys.queue(TAG), h.id) == queue_score(priority, seq)
+    for h, priority, start in zip(handles, (25, 99, 25), (0, 0, cost), strict=True):
+        assert client.redis.zscore(keys.queue(TAG), h.id) == queue_score(priority, start)
 
 
 def test_position_counts_requests_ahead(client: Client) -> None:

@@ -15,6 +15,7 @@ from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
 from shared.reaper import reap_once
 from shared.scripts import Scripts
 from shared.settings import Settings
+from shared.usage import last_hours, read_usage
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
 from worker.service import WorkerService
@@ -42,6 +43,24 @@ def test_claims_only_what_fits_then_drains_the_queue(setup: Any) -> None:
         assert (result.text, result.finish_reason) == ("t0t1t2", FinishReason.LENGTH)
         indexes = [e.event.index for e in h.stream() if isinstance(e.event, TokenEvent)]
         assert indexes == [0, 1, 2]
+
+
+def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: Any) -> None:
+    client, service, _ = setup
+    long = "w " * 40  # 40 prompt tokens, 50 generated: beyond enqueue's estimate
+    h = client.submit(long, model=MODEL, max_tokens=50, metadata={"tenant": "acme"})
+    service.run(burst=True)
+    result = h.result(timeout=1)
+    (row,) = read_usage(client.redis, client.keys, last_hours(1))
+    assert (row.tenant, row.prompt_tokens, row.completion_tokens, row.requests) == (
+        "acme",
+        result.usage.prompt_tokens,
+        result.usage.completion_tokens,
+        1,
+    )
+    tags = client.redis.zrange(client.keys.fair_tags(model_tag(MODEL)), 0, -1)
+    assert tags == [b"50:acme"]  # charged for what it used beyond the estimate
+    assert 'tenant="acme"' in service.metrics.render().decode()
 
 
 def test_cancel_of_a_running_request_ends_its_stream_within_a_step(setup: Any) -> None:

@@ -14,7 +14,12 @@ throughput on mixed32 where the per-slot cache had it (72.6 and 98.8 tok/s again
 73.3 and 84.8, interleaved runs on one thread), since a step's linear layers
 dominate. A prefill chunk at its sequence's start reads its own new keys and values
 and gathers nothing. Every index is a tensor built once per step (slot mapping,
-per-row context slots), so a later CUDA-graph decode can keep them in static buffers.
+per-row context slots).
+
+On CUDA the fused forward passes a :class:`PagedStep` instead: one Triton kernel
+(``worker.engine.paged_attention``) reads every token's context through its block
+table, for decode rows and prefill chunks alike, so a whole step has fixed shapes
+and runs as a captured CUDA graph.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 import torch
 from torch.nn import functional
 from transformers import AttentionInterface
+
+from worker.engine.paged_attention import paged_attention
 
 ATTN_IMPLEMENTATION = "tokenq"
 
@@ -63,6 +70,21 @@ class StepBatch:
     prefills: list[PrefillChunk]
 
 
+@dataclass
+class PagedStep:
+    """A step's attention inputs for the paged kernel: each token's cache slot, its
+    row of ``block_tables`` (int32 ``[rows, blocks]``) and position (-1: padding,
+    which a captured graph's bucket adds and whose slot is a scratch one)."""
+
+    key_cache: list[torch.Tensor]
+    value_cache: list[torch.Tensor]
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    token_row: torch.Tensor
+    token_pos: torch.Tensor
+    block_size: int
+
+
 def tokenq_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -94,7 +116,7 @@ def attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    batch: StepBatch,
+    batch: StepBatch | PagedStep,
     scaling: float | None,
 ) -> torch.Tensor:
     """Token-major attention: ``q`` is ``[tokens, heads, dim]``, ``k`` and ``v``
@@ -103,6 +125,18 @@ def attend(
     k_cache, v_cache = batch.key_cache[layer], batch.value_cache[layer]
     k_cache.index_copy_(0, batch.slot_mapping, k)
     v_cache.index_copy_(0, batch.slot_mapping, v)
+    if isinstance(batch, PagedStep):
+        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        return paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            batch.block_tables,
+            batch.token_row,
+            batch.token_pos,
+            scale,
+            batch.block_size,
+        )
     out = torch.empty_like(q)
     if batch.decode_slots is not None:
         out[batch.decode_token_index] = _decode(q, k_cache, v_cache, batch, scaling)

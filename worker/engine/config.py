@@ -1,8 +1,10 @@
-"""Engine settings, chosen by the operator; the defaults suit a small CPU box."""
+"""Engine settings, chosen by the operator; a setting left at ``None`` takes the
+default of the device the engine runs on (``EngineConfig.for_device``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from worker.engine.pooling import POOLING_METHODS
 
@@ -27,16 +29,22 @@ class EngineConfig:
     worker died: a client is reading each of them mid-answer, so they join the batch
     at once even when it is full of new work (the KV pool still bounds memory).
     ``pooling`` turns an embed request's final hidden states into its embedding
-    (``mean``, ``last`` or ``cls``; normalised either way).
+    (``mean``, ``last`` or ``cls``; normalised either way). On CUDA a step runs as
+    a captured CUDA graph (one per token-count bucket) unless ``enforce_eager``.
+
+    ``max_num_seqs``, ``max_num_batched_tokens`` and ``kv_cache_share`` left at
+    ``None`` take the device's defaults: a small CPU box (64 rows, 512 tokens a
+    step, 30% of free memory) or a GPU (256 rows as vLLM uses, 2048 tokens a step,
+    80% of the GPU memory free once the weights are loaded).
     """
 
     model: str
     device: str = "auto"
     dtype: str = "auto"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     kv_cache_mib: int | None = None
-    kv_cache_share: float = 0.3
+    kv_cache_share: float | None = None
     kv_block_size: int = 16
     enable_prefix_caching: bool = True
     prefill_chunk_tokens: int | None = None
@@ -49,12 +57,17 @@ class EngineConfig:
     ttft_priority: int | None = 100
     max_model_len: int | None = None
     pooling: str = "mean"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must name a model or a path, got an empty string")
-        _at_least("max_num_seqs", self.max_num_seqs, 1)
-        _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        # None means the device's default; a value set must be valid (the message
+        # speaks to the operator who set it).
+        if self.max_num_seqs is not None:
+            _at_least("max_num_seqs", self.max_num_seqs, 1)
+        if self.max_num_batched_tokens is not None:
+            _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _at_least("kv_cache_mib", self.kv_cache_mib, 1, optional=True)
         _at_least("kv_block_size", self.kv_block_size, 1)
         _at_least("prefill_chunk_tokens", self.prefill_chunk_tokens, 1, optional=True)
@@ -63,7 +76,7 @@ class EngineConfig:
         _at_least("num_threads", self.num_threads, 1, optional=True)
         _at_least("ttft_priority", self.ttft_priority, 0, optional=True)
         _at_least("max_model_len", self.max_model_len, 2, optional=True)
-        if not 0 < self.kv_cache_share <= 1:
+        if self.kv_cache_share is not None and not 0 < self.kv_cache_share <= 1:
             raise ValueError(f"kv_cache_share must be in (0, 1], got {self.kv_cache_share}")
         if self.pooling not in POOLING_METHODS:
             raise ValueError(
@@ -71,6 +84,46 @@ class EngineConfig:
             )
         if not self.aging_interval_s > 0:
             raise ValueError(f"aging_interval_s must be above 0, got {self.aging_interval_s}")
+
+    def for_device(self, device_type: str) -> EngineConfig:
+        """This config with each setting left at ``None`` filled in for ``device_type``."""
+        defaults = CUDA_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS
+        unset = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+        return replace(self, **unset)
+
+    @property
+    def num_seqs(self) -> int:
+        """``max_num_seqs`` of a config made for its device."""
+        return _resolved("max_num_seqs", self.max_num_seqs)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return _resolved("max_num_batched_tokens", self.max_num_batched_tokens)
+
+    @property
+    def cache_share(self) -> float:
+        share = self.kv_cache_share
+        if share is None:
+            raise RuntimeError("kv_cache_share is set by EngineConfig.for_device")
+        return share
+
+
+CPU_DEFAULTS: dict[str, Any] = {
+    "max_num_seqs": 64,
+    "max_num_batched_tokens": 512,
+    "kv_cache_share": 0.3,
+}
+CUDA_DEFAULTS: dict[str, Any] = {
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 2048,
+    "kv_cache_share": 0.8,
+}
+
+
+def _resolved(name: str, value: int | None) -> int:
+    if value is None:
+        raise RuntimeError(f"{name} is set by EngineConfig.for_device")
+    return value
 
 
 def _at_least(name: str, value: int | None, minimum: int, optional: bool = False) -> None:

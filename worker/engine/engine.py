@@ -14,7 +14,7 @@ from shared.models import FinishReason
 from worker.engine.config import EngineConfig
 from worker.engine.grammar import CompilingRequests, Grammars
 from worker.engine.kv_cache import KVCacheManager
-from worker.engine.model_runner import ModelRunner
+from worker.engine.model_runner import ModelRunner, pick_device
 from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.pooling import Pooler
 from worker.engine.request import EngineRequest, Sequence
@@ -44,6 +44,7 @@ class Engine:
     """Continuous batching over a transformers causal LM; see the package docs."""
 
     def __init__(self, config: EngineConfig) -> None:
+        config = config.for_device(pick_device(config.device).type)
         self.config = config
         self.runner = ModelRunner(config, resolve_model(config.model))
         self.tokenizer = self.runner.tokenizer
@@ -55,8 +56,8 @@ class Engine:
         self.max_model_len = min(self.runner.max_model_len, self.kv_cache.max_num_tokens_per_seq)
         self.scheduler = Scheduler(
             self.kv_cache,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
+            config.num_seqs,
+            config.num_batched_tokens,
             config.prefill_chunk_tokens,
             config.aging_interval_s if config.enable_aging else None,
             ttft_priority=config.ttft_priority,
@@ -69,6 +70,12 @@ class Engine:
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.runner.eos_token_ids)
         self.compiling = CompilingRequests(self.grammars)
         self.pooler = Pooler(config.pooling)
+
+    @property
+    def embedding_size(self) -> int | None:
+        """The length of this model's embeddings (its hidden size): the most
+        ``dimensions`` an embed request may keep."""
+        return self.runner.hidden_size
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -318,6 +325,6 @@ class Engine:
         if self.config.kv_cache_mib is not None:
             budget_bytes = self.config.kv_cache_mib << 20
         else:
-            budget_bytes = int(self.runner.num_free_bytes() * self.config.kv_cache_share)
+            budget_bytes = int(self.runner.num_free_bytes() * self.config.cache_share)
         block_bytes = self.config.kv_block_size * self.runner.kv_bytes_per_token
         return max(1, budget_bytes // block_bytes)

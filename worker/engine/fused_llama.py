@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn import functional
 
-from worker.engine.attention import StepBatch, attend
+from worker.engine.attention import PagedStep, StepBatch, attend
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 
@@ -34,7 +34,6 @@ class FusedLlama:
             _fuse_params(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers
         ]
         self.gate_up = [_fuse_params(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers]
-        self.split_qkv = [self.num_heads * self.head_dim, *[self.num_kv_heads * self.head_dim] * 2]
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -50,7 +49,7 @@ class FusedLlama:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        batch: StepBatch,
+        batch: StepBatch | PagedStep,
         logits_index: torch.Tensor,
         pool_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -72,14 +71,15 @@ class FusedLlama:
         layer: Any,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        batch: StepBatch,
+        batch: StepBatch | PagedStep,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = functional.linear(layer.input_layernorm(x), self.qkv[index])
-        q, k, v = torch.split(qkv, self.split_qkv, dim=-1)
-        q = _rotate(q.view(num_tokens, self.num_heads, self.head_dim), rope)
-        k = _rotate(k.view(num_tokens, self.num_kv_heads, self.head_dim), rope)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        # Queries and keys lie side by side in the fused output: one rotation for both.
+        qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
+        qk = qkv[:, :qk_width].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k = torch.split(_rotate(qk, rope), [self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, qk_width:].view(num_tokens, self.num_kv_heads, self.head_dim)
         attn = attend(index, q, k, v, batch, layer.self_attn.scaling)
         x = x + layer.self_attn.o_proj(attn.reshape(num_tokens, -1))
         gate, up = functional.linear(layer.post_attention_layernorm(x), self.gate_up[index]).chunk(

@@ -8,6 +8,7 @@ inputs, runs the model's forward (logits only for the rows that sample), and sam
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from worker.engine.attention import ATTN_IMPLEMENTATION, PrefillChunk, StepBatch
 from worker.engine.config import EngineConfig
+from worker.engine.cuda_graphs import PagedInputs, StepGraphs
 from worker.engine.fused_llama import FusedLlama
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.sampler import Sampler, SamplingRow, sampling_row
@@ -41,7 +43,7 @@ class _Step(NamedTuple):
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_path: str | Path) -> None:
-        self.device = _pick_device(config.device)
+        self.device = pick_device(config.device)
         self.dtype = _pick_dtype(config.dtype, self.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -78,6 +80,14 @@ class ModelRunner:
         self._last_hidden: list[torch.Tensor] = []
         if self.fused is None:
             self.model.get_decoder().register_forward_hook(self._keep_hidden)
+        # On CUDA a fused model attends through the paged kernel, and its steps replay
+        # captured graphs (see worker.engine.cuda_graphs).
+        self.paged = self.device.type == "cuda" and self.fused is not None
+        self.use_graphs = self.paged and not config.enforce_eager
+        self.max_num_rows = config.num_seqs + config.max_num_resumed_seqs
+        self.max_num_batched_tokens = config.num_batched_tokens
+        self.scratch_slot = 0
+        self.graphs: StepGraphs | None = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -92,9 +102,11 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The pool: ``num_blocks`` blocks per layer, plus one block of zeros that
-        pads decode rows to a common length (never handed out)."""
+        pads decode rows to a common length and one scratch block that padding
+        tokens write to (neither is ever handed out)."""
         self.null_slot = num_blocks * self.block_size
-        num_slots = self.null_slot + self.block_size
+        self.scratch_slot = self.null_slot + self.block_size
+        num_slots = self.scratch_slot + self.block_size
         self.key_cache = [self._empty_pool(num_slots) for _ in range(self.num_layers)]
         self.value_cache = [self._empty_pool(num_slots) for _ in range(self.num_layers)]
         log.info(
@@ -102,6 +114,30 @@ class ModelRunner:
             num_blocks,
             self.block_size,
             self.kv_cache_bytes >> 20,
+        )
+        if self.use_graphs:
+            self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        assert self.fused is not None
+        started = time.perf_counter()
+        self.graphs = StepGraphs(
+            self.fused,
+            self.key_cache,
+            self.value_cache,
+            self.block_size,
+            self.max_num_batched_tokens,
+            self.max_num_rows,
+            -(-self.max_model_len // self.block_size),
+            self.scratch_slot,
+        )
+        with torch.inference_mode():
+            self.graphs.capture()
+        log.info(
+            "captured %d CUDA graphs (steps of 1 to %d tokens) in %.1f s",
+            len(self.graphs.sizes),
+            self.max_num_batched_tokens,
+            time.perf_counter() - started,
         )
 
     def _empty_pool(self, num_slots: int) -> torch.Tensor:
@@ -119,6 +155,8 @@ class ModelRunner:
         return _available_host_bytes()
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if self.paged:
+            return self._execute_paged(out)
         step = self._prepare(out.scheduled)
         with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
             logits, hidden = self._forward(step)
@@ -126,6 +164,28 @@ class ModelRunner:
             token_ids, logprobs = self.sampler(logits, rows)
             pooled = self._pool(hidden, step.pool_lengths)
         return RunnerOutput(token_ids, logprobs, pooled)
+
+    def _execute_paged(self, out: SchedulerOutput) -> RunnerOutput:
+        inputs = PagedInputs.build(out.scheduled, self.block_size)
+        with torch.inference_mode():
+            hidden = None
+            if self.graphs is not None and self.graphs.can_run(inputs):
+                logits = self.graphs.run(inputs)
+            else:
+                logits, hidden = self._forward_paged(inputs)
+            rows = [self._sampling_row(item) for item in out.sampled]
+            token_ids, logprobs = self.sampler(logits, rows)
+            pooled = self._pool(hidden, inputs.pool_lengths)
+        return RunnerOutput(token_ids, logprobs, pooled)
+
+    def _forward_paged(self, inputs: PagedInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An eager step through the paged kernel (one with pooling rows, or too big)."""
+        assert self.fused is not None
+        input_ids, positions, step = inputs.to_step(
+            self.key_cache, self.value_cache, self.block_size, self.device
+        )
+        pool_index = self._tensor(inputs.pool_index) if inputs.pool_index else None
+        return self.fused(input_ids, positions, step, self._tensor(inputs.sample_index), pool_index)
 
     def _forward(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the sampling rows; final hidden states of the pooling rows."""
@@ -267,7 +327,7 @@ class _FlatInputs:
             self.pool_lengths.append(item.num_tokens)
 
 
-def _pick_device(name: str) -> torch.device:
+def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)

@@ -139,13 +139,19 @@ class Scheduler:
         for them; new work counts only the rows new work holds."""
         if len(self.running) >= self.max_num_seqs + self.max_num_resumed_seqs:
             return False
-        if seq.request.resumed:
-            return True
+        return seq.request.resumed or self._has_row_for_new_work()
+
+    def _has_row_for_new_work(self) -> bool:
         return sum(not s.request.resumed for s in self.running) < self.max_num_seqs
 
     def _next_admissible(self) -> Sequence | None:
-        """The first waiting request the batch has a row for, in priority order."""
-        return next((s for s in self.waiting if self.has_row_for(s)), None)
+        """The first waiting request the batch has a row for, in priority order (the
+        rows are counted once: the waiting line can be thousands long)."""
+        if len(self.running) >= self.max_num_seqs + self.max_num_resumed_seqs:
+            return None
+        if self._has_row_for_new_work():
+            return self.waiting[0] if self.waiting else None
+        return next((s for s in self.waiting if s.request.resumed), None)
 
     def _victim_for(self, head: Sequence) -> Sequence | None:
         """The least urgent running request whose row ``head`` could take: new work

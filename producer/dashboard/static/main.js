@@ -2,7 +2,7 @@
 import { api, readEvents, setToken, token } from "./api.js";
 import { Charts } from "./charts.js";
 import { Detail } from "./detail.js";
-import { renderQueues, renderRequests, renderWorkers } from "./tables.js";
+import { renderBatches, renderQueues, renderRequests, renderUsage, renderWorkers } from "./tables.js";
 
 const $ = (id) => document.getElementById(id);
 const state = { access: null, overview: null, kind: "running", live: null };
@@ -84,6 +84,8 @@ function render() {
   renderQueues($("queues").tBodies[0], o.queues, { canAct, onPause: pause });
   renderWorkers($("workers").tBodies[0], o.workers, o.t, { canAct, onDrain: drain });
   renderRequests($("requests").tBodies[0], o.lists[state.kind] || [], o.t, (id) => detail.open(id));
+  renderBatches($("batches").tBodies[0], o.batches || [], o.t, { canAct, onCancel: cancelBatch });
+  renderUsage($("usage").tBodies[0], o.usage || []);
   $("purge-dead").hidden = state.kind !== "dead";
 }
 
@@ -92,6 +94,8 @@ async function act(path, message) {
 }
 const pause = (q, paused) => act(`queues/${q.tag}/${paused ? "pause" : "resume"}`,
   `${q.model}: ${paused ? "paused (workers stop claiming)" : "resumed"}`);
+const cancelBatch = (b) => act(`batches/${encodeURIComponent(b.id)}/cancel`,
+  `batch ${b.id}: cancelling (queued lines removed, running ones stop)`);
 const drain = (w) => act(`workers/${encodeURIComponent(w.id)}/drain`, `worker ${w.id}: draining`);
 
 $("purge-dead").onclick = async () => {

@@ -48,11 +48,35 @@ export function renderWorkers(tbody, workers, nowMs, { canAct, onDrain }) {
 
 export function renderRequests(tbody, rows, nowMs, onOpen) {
   const trs = rows.map((r) => el("tr", { class: "clickable", "data-id": r.id, onclick: () => onOpen(r.id) },
-    el("td", { class: "mono", title: r.id }, r.id), el("td", {}, r.model),
+    el("td", { class: "mono", title: r.id }, r.id), el("td", {}, r.model), el("td", {}, r.tenant || "–"),
     el("td", {}, el("span", { class: `pill ${r.state}` }, r.cancel_requested && r.state === "running" ? "cancelling" : r.state)),
     el("td", {}, r.priority_name), el("td", { class: "num" }, r.attempts),
     el("td", { class: "num" }, r.num_generated), el("td", { class: "mono", title: r.worker || "" }, short(r.worker)),
     el("td", {}, ago(r.created_ms, nowMs)), el("td", { class: "num" }, seconds(r.ttft_s)),
     el("td", {}, r.dead_reason || r.finish_reason || "")));
-  fill(tbody, trs, 10, "none");
+  fill(tbody, trs, 11, "none");
+}
+
+export function renderBatches(tbody, batches, nowMs, { canAct, onCancel }) {
+  const rows = batches.map((b) => {
+    const live = b.state === "in_progress";
+    const cancel = el("button", { class: "act danger", disabled: !canAct || !live, textContent: "Cancel",
+      onclick: () => onCancel(b) });
+    return el("tr", { "data-batch": b.id },
+      el("td", { class: "mono", title: b.id }, short(b.id)), el("td", {}, b.tenant || "–"),
+      el("td", {}, el("span", { class: `pill ${b.state}` }, b.state)),
+      el("td", { class: "progress" }, bar(b.progress, `${b.done}/${b.total}`)),
+      el("td", { class: "num" }, b.completed), el("td", { class: "num" }, b.failed),
+      el("td", { class: "num" }, b.in_flight), el("td", { class: "num" }, b.priority),
+      el("td", {}, ago(b.created_ms, nowMs)), el("td", {}, cancel));
+  });
+  fill(tbody, rows, 10, "no batches");
+}
+
+export function renderUsage(tbody, usage) {
+  const rows = usage.map((u) => el("tr", { "data-tenant": u.tenant },
+    el("td", {}, u.tenant), el("td", { class: "num" }, u.prompt_tokens),
+    el("td", { class: "num" }, u.completion_tokens), el("td", { class: "num" }, u.total_tokens),
+    el("td", { class: "num" }, u.requests)));
+  fill(tbody, rows, 5, "no usage in the last 24 hours");
 }

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
 
 from producer.batch import driver, store
+from producer.batch.collect import collect
 from producer.batch.models import BatchState
 from producer.batch.ops import Batches
 from producer.client import Client
@@ -15,7 +17,7 @@ from shared.errors import NotFound
 from shared.models import RequestState
 from shared.replies import text
 from shared.settings import Settings
-from tests.producer.batch.conftest import jsonl
+from tests.producer.batch.conftest import MODEL, jsonl
 from worker.service import WorkerService
 
 MAX_ROUNDS = 100
@@ -130,7 +132,7 @@ def test_cancel_removes_queued_lines_at_once_and_keeps_finished_results(
     worker = tokenq_worker()
     driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
     worker.run(burst=True)
-    driver.collect(batches.ctx, batch_id)
+    collect(batches.ctx, batch_id)
     driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
     pending = batches.ctx.redis.hvals(batches.ctx.bkeys.pending(batch_id))
     queued = [text(v).split(":")[1] for v in pending]
@@ -166,3 +168,117 @@ def test_lines_can_be_given_as_dicts(
     (output,) = batches.results(batch_id)[0]
     assert orjson.loads(output)["response"]["body"]["choices"][0]["text"] == "t0"
     assert batches.status(batch_id).priority == 10
+
+
+def chat_body(**fields: object) -> dict[str, object]:
+    messages = [{"role": "user", "content": "hi"}]
+    return {"model": MODEL, "messages": messages, "max_tokens": 3, **fields}
+
+
+def payload(batches: Batches, request_id: str) -> dict[str, Any]:
+    raw = batches.ctx.redis.hget(batches.ctx.keys.request(request_id), "payload")
+    data: dict[str, Any] = orjson.loads(text(raw))
+    return data
+
+
+def pending_ids(batches: Batches, batch_id: str, custom_id: str) -> list[str]:
+    value = text(batches.ctx.redis.hget(batches.ctx.bkeys.pending(batch_id), custom_id))
+    return value.split(":")[1].split(",")
+
+
+def test_a_bad_line_goes_to_the_error_file_and_an_n_line_gets_n_choices(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    batches = make_batches()
+    lines = [
+        {"custom_id": "bad", "body": chat_body(temperature=-1)},
+        {"custom_id": "many", "body": chat_body(n=2, seed=5)},
+        {"custom_id": "one", "body": chat_body()},
+    ]
+    batch_id = batches.submit(lines)
+    worker = tokenq_worker()
+    drive(batches, batch_id, worker)
+    status = batches.status(batch_id)
+    assert (status.state, status.counts.completed, status.counts.failed) == (
+        BatchState.COMPLETED,
+        2,
+        1,
+    )
+    outputs, errors = batches.results(batch_id)
+    assert custom_ids(outputs) == ["many", "one"]
+    many, one = (orjson.loads(o)["response"] for o in outputs)
+    contents = [(c["index"], c["message"]["content"]) for c in many["body"]["choices"]]
+    assert contents == [(0, "t0t1t2"), (1, "t0t1t2")]
+    single = one["body"]["usage"]
+    assert many["body"]["usage"] == {
+        "prompt_tokens": single["prompt_tokens"],
+        "completion_tokens": 6,
+        "total_tokens": single["prompt_tokens"] + 6,
+    }
+    choice_ids = many["request_id"].split(",")
+    assert [payload(batches, r)["sampling"]["seed"] for r in choice_ids] == [5, 6]
+    assert len(worker.engine.added) == 3  # type: ignore[attr-defined]
+    (error,) = (orjson.loads(e) for e in errors)
+    assert (error["custom_id"], error["response"]["status_code"]) == ("bad", 400)
+    assert "temperature: Input should be greater than or equal to 0" in error["error"]["message"]
+
+
+def test_cancelling_a_batch_cancels_every_choice_of_its_lines(
+    make_batches: Callable[..., Batches],
+) -> None:
+    batches = make_batches()
+    batch_id = batches.submit([{"custom_id": "many", "body": chat_body(n=3)}])
+    driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
+    ids = pending_ids(batches, batch_id, "many")
+    assert len(ids) == 3
+    batches.cancel(batch_id)
+    client = Client(connection=batches.ctx.redis)
+    assert [client.handle(r).status().state for r in ids] == [RequestState.CANCELLED] * 3
+    drive(batches, batch_id, None)
+    (error,) = batches.results(batch_id)[1]
+    assert orjson.loads(error)["error"]["code"] == "cancelled"
+
+
+def test_a_line_whose_choices_partly_fit_the_queue_is_sent_again_whole(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    settings = Settings(max_queued=2)
+    batches = make_batches(settings)
+    batch_id = batches.submit([{"custom_id": "many", "body": chat_body(n=3)}])
+    assert driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id)) == 0
+    first = pending_ids(batches, batch_id, "many")
+    assert len(first) == 2  # recorded, so a cancel would find them
+    drive(batches, batch_id, tokenq_worker(settings))
+    (output,) = batches.results(batch_id)[0]
+    response = orjson.loads(output)["response"]
+    assert response["request_id"].split(",")[:2] == first
+    assert [c["index"] for c in response["body"]["choices"]] == [0, 1, 2]
+
+
+def test_a_line_partly_sent_when_the_batch_is_cancelled_ends_as_an_error(
+    make_batches: Callable[..., Batches],
+) -> None:
+    batches = make_batches(Settings(max_queued=1))
+    batch_id = batches.submit([{"custom_id": "many", "body": chat_body(n=2)}])
+    driver.fan_out(batches.ctx, batch_id, store.meta(batches.ctx, batch_id))
+    (sent,) = pending_ids(batches, batch_id, "many")
+    batches.cancel(batch_id)
+    drive(batches, batch_id, None)
+    assert Client(connection=batches.ctx.redis).handle(sent).status().state is (
+        RequestState.CANCELLED
+    )
+    (error,) = batches.results(batch_id)[1]
+    assert orjson.loads(error)["error"]["code"] == "batch_cancelled"
+
+
+def test_a_logprobs_line_is_rendered_from_its_requests_stream(
+    make_batches: Callable[..., Batches], tokenq_worker: Callable[..., WorkerService]
+) -> None:
+    batches = make_batches()
+    body = chat_body(logprobs=True, top_logprobs=2)
+    batch_id = batches.submit([{"custom_id": "lp", "body": body}])
+    drive(batches, batch_id, tokenq_worker())
+    (output,) = batches.results(batch_id)[0]
+    (choice,) = orjson.loads(output)["response"]["body"]["choices"]
+    # The scripted engine computes no logprobs; the text comes from the stream's events.
+    assert (choice["message"]["content"], choice["logprobs"]) == ("t0t1t2", {"content": []})

@@ -47,6 +47,7 @@ class ScriptedWorker:
     num_tokens: int = 8  # tokens per answer, at most max_tokens
     max_num_seqs: int = 64
     tokens_per_entry: int = 1  # more: that many steps' tokens as one entry, as coalescing does
+    embedding_size: int | None = None  # registered, as a real worker's hidden size is
     running: dict[str, _Running] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -69,6 +70,8 @@ class ScriptedWorker:
             "state": "serving",
             "heartbeat_ms": str(int(time.time() * 1000)),
         }
+        if self.embedding_size is not None:
+            fields["embedding_size"] = str(self.embedding_size)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
         pipe.pexpire(self.keys.worker(self.worker_id), 10_000)

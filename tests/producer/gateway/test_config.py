@@ -4,6 +4,7 @@ import pytest
 
 from producer.gateway.config import ApiKey, load_api_keys, parse_api_keys
 from shared.errors import InvalidRequest
+from shared.ratelimit import Limits
 from shared.settings import Settings
 
 
@@ -13,9 +14,23 @@ def test_compact_and_json_specs_agree() -> None:
         '{"sk-a": {"tenant": "acme", "max_priority": "high"}, "sk-b": {"tenant": "beta"}}'
     )
     assert compact == as_json
-    assert compact.lookup("sk-a") == ApiKey("acme", 75)
-    assert compact.lookup("sk-b") == ApiKey("beta", 50)
+    a, b = compact.lookup("sk-a"), compact.lookup("sk-b")
+    assert a is not None and b is not None
+    assert (a.tenant, a.max_priority, a.weight, a.limits) == ("acme", 75, 1.0, Limits())
+    assert (b.tenant, b.max_priority) == ("beta", 50)
+    assert a.bucket and a.bucket != b.bucket  # each key its own rate-limit bucket
     assert compact.lookup("sk-c") is None
+
+
+def test_weight_and_limits_are_configured_beside_the_key() -> None:
+    keys = parse_api_keys(
+        '{"sk-a": {"tenant": "acme", "weight": 3, "requests_per_min": 600,'
+        ' "tokens_per_min": 90000, "max_concurrent": 8}}'
+    )
+    key = keys.lookup("sk-a")
+    assert key is not None and key.weight == 3.0
+    assert key.limits == Limits(600, 90000, 8) and key.limits.any
+    assert not ApiKey("t").limits.any
 
 
 def test_no_keys_means_open() -> None:
@@ -32,6 +47,9 @@ def test_no_keys_means_open() -> None:
         ('{"sk-a": {}}', "needs a non-empty tenant"),
         ("{oops", "not valid JSON"),
         ('{"sk-a": {"tenant": "t", "max_priority": 500}}', "out of range"),
+        ('{"sk-a": {"tenant": "t", "weight": 0}}', "tenant_weight 0 is out of range"),
+        ('{"sk-a": {"tenant": "t", "requests_per_min": 0}}', "requests_per_min must be"),
+        ('{"sk-a": {"tenant": "t", "rpm": 5}}', r"unknown field\(s\) \['rpm'\]"),
     ],
 )
 def test_a_bad_spec_says_what_is_wrong(spec: str, says: str) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from tests.worker.engine.factories import load_workload
 from tests.worker.engine.reference import Reference, greedy_references
@@ -66,8 +67,16 @@ def tokenizer(model_path: str) -> Any:
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that runs the real model is slow (``make test-fast`` leaves it out)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that runs the real model is slow (``make test-fast`` leaves it out). A
+    test marked ``cuda`` needs a GPU: on a machine without one it is deselected (and
+    counted as such in the summary), not run to fail."""
     for item in items:
         if "make_engine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    if torch.cuda.is_available():
+        return
+    needs_gpu = [item for item in items if item.get_closest_marker("cuda")]
+    if needs_gpu:
+        config.hook.pytest_deselected(items=needs_gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("cuda")]

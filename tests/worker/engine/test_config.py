@@ -44,7 +44,15 @@ def test_optional_limits_take_none_and_the_defaults_are_valid() -> None:
     config = EngineConfig(
         model="m", kv_cache_mib=None, prefill_chunk_tokens=None, ttft_priority=None
     )
-    assert config.kv_cache_share == 0.3 and config.enable_prefix_caching
+    assert config.enable_prefix_caching
+    cpu = config.for_device("cpu")
+    assert (cpu.max_num_seqs, cpu.max_num_batched_tokens, cpu.kv_cache_share) == (64, 512, 0.3)
+
+
+def test_a_gpu_gets_gpu_defaults_and_what_the_operator_set_stays() -> None:
+    cuda = EngineConfig(model="m", max_num_seqs=32).for_device("cuda")
+    assert (cuda.max_num_seqs, cuda.max_num_batched_tokens, cuda.kv_cache_share) == (32, 2048, 0.8)
+    assert EngineConfig(model="m").for_device("cuda").max_num_seqs == 256
 
 
 def test_a_config_is_frozen() -> None:
