@@ -1,190 +1,114 @@
-"""Horizontal scaling: 1, 2, 4, 8 and 16 SIMULATED workers against one real Redis.
+"""Horizontal scaling and Redis cost per token: SIMULATED workers against a real Redis.
 
 Each worker runs the simulated backend (`--model sim:...`: a timer with a GPU-like
 batch curve, no model), so many fit on one small host and what is measured is
-tokenq's coordination through Redis, not model speed. A feeder keeps the queue
-topped up (a steady stream, always more work than slots); finished requests are
-counted from the lifecycle channel over a fixed window.
+tokenq's coordination through Redis, not model speed. A web app process
+(bench/webapp.py) keeps the queue topped up (always more work than slots) and reads
+every request's stream to its final event through the gateway's stream hub, as web
+apps do; finished requests are counted from the lifecycle channel over a window.
 
-Prints throughput relative to one worker (goal: >= 0.9 x N), Redis commands per
-generated token and Redis CPU time per token, from which the deploy README works
-out the Redis budget at 1,000 workers.
+Every worker count runs twice in the same run: "before", one stream entry per engine
+step and a hub that reads again as soon as a read returns (`TOKENQ_PUBLISH_COALESCE_MS=0`,
+hub gather 0), and "after", the defaults (the worker's coalescing window, the hub's
+gather). Printed per run: throughput relative to one worker (goal >= 0.9 x N), Redis
+commands and Redis CPU per generated token (INFO stats and cpu), and the p99 delay
+coalescing added to a step's tokens (what the workers report in their registry).
 
-    python bench/scale.py [--workers 1,2,4,8,16] [--window-s 10]
+`--cluster-workers N` then runs N workers with the defaults, without readers, against
+one Redis and against a 3-master Redis Cluster started here (as tests/cluster.py
+does): throughput of each, and each master's share of the token traffic (stream
+entries written, and Redis CPU).
+
+    python bench/scale.py [--workers 1,2,4,8,16] [--window-s 10] [--cluster-workers 8]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import dataclass
 
-import redis
-
-from producer.client import Client
-from producer.embedded import EmbeddedRedis
-from shared.errors import QueueFull
-from shared.keys import Keys, model_tag
-from shared.registry import mark_served
+from bench.scale_run import Figures, Target, cluster_target, measure, single_target
+from producer.gateway.hub import GATHER_S
 from shared.settings import Settings
-
-MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
-class Figures:
-    workers: int
-    tokens_per_s: float
-    commands_per_token: float
-    redis_cpu_us_per_token: float
-    redis_cpu_s_per_s: float
+class Config:
+    name: str
+    coalesce_ms: int
+    gather_ms: float
+
+
+BEFORE = Config("before", 0, 0.0)
+AFTER = Config("after", Settings().publish_coalesce_ms, GATHER_S * 1000)
+HEADER = ("workers", "config", "tok/s", "x one", "/ N", "cmds/token", "CPU us/token", "p99 ms")
+ROW = "{:>7} {:>7} {:>9} {:>7} {:>6} {:>10} {:>12} {:>7}"
 
 
 def sim_model(step_ms: int, batch: int) -> str:
     return f"sim:step_ms={step_ms},knee={batch},max_num_seqs={batch}"
 
 
-def start_workers(n: int, url: str, model: str) -> list[subprocess.Popen[bytes]]:
-    env = {**os.environ, "TOKENQ_DRAIN_TIMEOUT_S": "0"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "producer.cli",
-        "worker",
-        "--redis",
-        url,
-        "--model",
-        model,
-        "--log-level",
-        "WARNING",
-    ]
-    return [subprocess.Popen(cmd, env=env) for _ in range(n)]
-
-
-def wait_registered(connection: redis.Redis, n: int, timeout_s: float = 300) -> None:
-    give_up = time.monotonic() + timeout_s
-    while connection.zcard(Keys().workers()) < n:
-        if time.monotonic() > give_up:
-            raise TimeoutError(f"only {connection.zcard(Keys().workers())} of {n} workers came up")
-        time.sleep(0.2)
-
-
-class Feeder(threading.Thread):
-    """Keeps at least ``depth`` requests queued until stopped."""
-
-    def __init__(self, client: Client, model: str, depth: int) -> None:
-        super().__init__(daemon=True)
-        self.client, self.model, self.depth = client, model, depth
-        self.done = threading.Event()
-        self.queue_key = Keys().queue(model_tag(model))
-
-    def run(self) -> None:
-        body = {"model": self.model, "prompt": "a b c d", "sampling": {"max_tokens": MAX_TOKENS}}
-        while not self.done.wait(0.05):
-            missing = self.depth - int(self.client.redis.zcard(self.queue_key))
-            if missing > 0:
-                with contextlib.suppress(QueueFull):  # full: the next round tops it up
-                    self.client.submit_many([body] * missing)
-
-
-class FinishCounter(threading.Thread):
-    """Counts 'finished' lifecycle events while ``counting`` is set."""
-
-    def __init__(self, connection: redis.Redis) -> None:
-        super().__init__(daemon=True)
-        self.pubsub = connection.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(Keys().lifecycle_channel())
-        self.counting, self.done, self.finished = threading.Event(), threading.Event(), 0
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            message = self.pubsub.get_message(timeout=0.2)
-            if message and self.counting.is_set() and b'"finished"' in message["data"]:
-                self.finished += 1
-
-
-def redis_totals(connection: redis.Redis) -> tuple[int, float]:
-    stats, cpu = connection.info("stats"), connection.info("cpu")
-    return int(stats["total_commands_processed"]), float(cpu["used_cpu_sys"]) + float(
-        cpu["used_cpu_user"]
-    )
-
-
-def measure(n: int, url: str, step_ms: int, batch: int, window_s: float) -> Figures:
-    model, step_s = sim_model(step_ms, batch), step_ms / 1000
-    connection = redis.Redis.from_url(url)
-    connection.flushall()
-    settings = Settings(redis_url=url, max_queued=1_000_000)
-    pipe = connection.pipeline()
-    mark_served(pipe, Keys(), settings, model)
-    pipe.execute()
-    workers = start_workers(n, url, model)
-    counter, feeder = (
-        FinishCounter(connection),
-        Feeder(Client(settings=settings), model, 2 * n * batch),
-    )
-    try:
-        wait_registered(connection, n)
-        counter.start()
-        feeder.start()
-        time.sleep(2 * MAX_TOKENS * step_s)  # warm-up: every batch full and turning over
-        commands0, cpu0 = redis_totals(connection)
-        counter.counting.set()
-        time.sleep(window_s)
-        counter.counting.clear()
-        commands1, cpu1 = redis_totals(connection)
-    finally:
-        feeder.done.set()
-        counter.done.set()
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(timeout=120)
-    tokens = counter.finished * MAX_TOKENS
-    per_token = max(tokens, 1)
-    cpu_s = cpu1 - cpu0
-    commands = (commands1 - commands0) / per_token
-    return Figures(n, tokens / window_s, commands, cpu_s * 1e6 / per_token, cpu_s / window_s)
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workers", default="1,2,4,8,16")
     parser.add_argument("--window-s", type=float, default=10.0)
-    parser.add_argument("--step-ms", type=int, default=100)
+    parser.add_argument("--step-ms", type=int, default=20, help="a GPU decode step's time")
     parser.add_argument("--batch", type=int, default=16)
-    args = parser.parse_args()
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--no-readers", action="store_true", help="no web app reads streams")
+    parser.add_argument("--cluster-workers", type=int, default=0)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     model = sim_model(args.step_ms, args.batch)
-    server = EmbeddedRedis().start()
-    print(f"SIMULATED workers ({model}); Redis: {server.kind}; window {args.window_s:g}s")
-    header = ("workers", "tok/s", "x one", "/ N", "cmds/token", "redis CPU us/token")
-    print("{:>7} {:>9} {:>7} {:>6} {:>11} {:>19}".format(*header))
-    try:
-        runs: list[Figures] = []
-        for n in (int(x) for x in args.workers.split(",")):
-            f = measure(n, server.url, args.step_ms, args.batch, args.window_s)
-            runs.append(f)
-            base = runs[0].tokens_per_s
-            ratio = f.tokens_per_s / base
-            print(
-                f"{n:>7} {f.tokens_per_s:>9.0f} {ratio:>7.2f} {ratio / n:>6.2f} "
-                f"{f.commands_per_token:>11.2f} {f.redis_cpu_us_per_token:>19.1f}",
-                flush=True,
-            )
-        print_marginal(runs[0], runs[-1])
-    finally:
-        server.stop()
+    readers = "no readers" if args.no_readers else "every stream read through the stream hub"
+    print(f"SIMULATED workers ({model}), {args.max_tokens} tokens a request; {readers}")
+    print(
+        f"before: coalesce {BEFORE.coalesce_ms} ms, hub gather {BEFORE.gather_ms:g} ms; "
+        f"after: coalesce {AFTER.coalesce_ms} ms, hub gather {AFTER.gather_ms:g} ms"
+    )
+    counts = [int(n) for n in args.workers.split(",")]
+    results: dict[tuple[int, str], Figures] = {}
+    with single_target() as target:
+        print(f"one Redis: {target.kind}; window {args.window_s:g}s")
+        print(ROW.format(*HEADER))
+        for config in (BEFORE, AFTER):
+            for n in counts:
+                f = results[n, config.name] = run(target, n, model, config, args)
+                print_row(config, f, results[counts[0], config.name], counts[0])
+    for config in (BEFORE, AFTER):
+        print_marginal(config, results[counts[0], config.name], results[counts[-1], config.name])
+    for n in counts:
+        print_before_after(n, results[n, BEFORE.name], results[n, AFTER.name])
+    if args.cluster_workers:
+        compare_cluster(args, model)
 
 
-def print_marginal(first: Figures, last: Figures) -> None:
+def run(target: Target, n: int, model: str, config: Config, args: argparse.Namespace) -> Figures:
+    return measure(
+        target, n, model, config.coalesce_ms, args.window_s, args.max_tokens,
+        readers=not args.no_readers, gather_ms=config.gather_ms,
+    )  # fmt: skip
+
+
+def print_row(config: Config, f: Figures, first: Figures, first_n: int) -> None:
+    ratio = f.tokens_per_s / first.tokens_per_s * first_n
+    print(
+        ROW.format(
+            f.workers, config.name, f"{f.tokens_per_s:.0f}", f"{ratio:.2f}",
+            f"{ratio / f.workers:.2f}", f"{f.commands_per_token:.2f}",
+            f"{f.redis_cpu_us_per_token:.1f}", f"{f.coalesce_p99_ms:.0f}",
+        ),
+        flush=True,
+    )  # fmt: skip
+
+
+def print_marginal(config: Config, first: Figures, last: Figures) -> None:
     """Redis CPU per token once fixed costs (polling, cron) are taken out: the slope
     between the smallest and the largest run."""
     extra_tokens = last.tokens_per_s - first.tokens_per_s
@@ -192,9 +116,41 @@ def print_marginal(first: Figures, last: Figures) -> None:
         return
     slope_us = (last.redis_cpu_s_per_s - first.redis_cpu_s_per_s) * 1e6 / extra_tokens
     print(
-        f"marginal Redis CPU: {slope_us:.1f} us per token "
+        f"{config.name}: marginal Redis CPU {slope_us:.1f} us per token "
         f"(one Redis core saturates near {1e6 / slope_us:,.0f} tokens/s)"
     )
+
+
+def print_before_after(n: int, before: Figures, after: Figures) -> None:
+    cpu = after.redis_cpu_us_per_token / before.redis_cpu_us_per_token
+    commands = after.commands_per_token / before.commands_per_token
+    print(f"{n} workers, after / before: Redis CPU per token {cpu:.2f}, commands {commands:.2f}")
+
+
+def compare_cluster(args: argparse.Namespace, model: str) -> None:
+    """Without readers: a cluster refuses an XREAD naming streams of several slots, and
+    every request has a slot of its own, so the hub cannot read there yet."""
+    n = args.cluster_workers
+    print(f"\n{n} workers, after, no readers, window {2 * args.window_s:g}s: one Redis against")
+    print("a 3-master Redis Cluster (its nodes without AOF; the one Redis with deploy/redis.conf)")
+    results: list[Figures] = []
+    cluster_args = argparse.Namespace(**{**vars(args), "no_readers": True})
+    cluster_args.window_s = 2 * args.window_s  # more requests, so the shares settle
+    for make in (single_target, cluster_target):
+        with make() as target:
+            f = run(target, n, model, AFTER, cluster_args)
+            results.append(f)
+            print(
+                f"{target.kind:>24}: {f.tokens_per_s:,.0f} tok/s, "
+                f"{f.redis_cpu_us_per_token:.1f} us Redis CPU per token (all nodes), "
+                f"p99 coalescing {f.coalesce_p99_ms:.0f} ms",
+                flush=True,
+            )
+    single, cluster = results
+    print(f"cluster / one Redis throughput: {cluster.tokens_per_s / single.tokens_per_s:.2f}")
+    for name, entries, cpu in cluster.per_node:
+        print(f"  master :{name}: {entries:.1%} of stream entries, {cpu:.1%} of Redis CPU")
+    print("  (a third is 33.3%; within 20% of it is 26.7-40.0%)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -238,6 +239,62 @@ class TokenEvent(_Strict):
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[dict[str, Any], ...] | None = None
+    steps: tuple[tuple[int, int], ...] | None = Field(
+        None,
+        description="a coalesced event (several engine steps written as one stream entry):"
+        " each step's number of tokens and of text characters, in order; see split()",
+    )
+
+    @model_validator(mode="after")
+    def _steps_cover_the_event(self) -> TokenEvent:
+        if self.steps is not None:
+            num_tokens, num_chars = (sum(s[i] for s in self.steps) for i in (0, 1))
+            covered = (num_tokens, num_chars) == (len(self.token_ids), len(self.text))
+            if not covered or min(min(s) for s in self.steps) < 0:
+                raise ValueError(
+                    f"steps {self.steps} cover {num_tokens} tokens and {num_chars} characters;"
+                    f" the event has {len(self.token_ids)} and {len(self.text)}"
+                )
+        return self
+
+    def split(self) -> list[TokenEvent]:
+        """The engine steps a coalesced event holds, each with the index of its first
+        token (itself when it holds one step)."""
+        if self.steps is None:
+            return [self]
+        events: list[TokenEvent] = []
+        first = char = 0
+        for num_tokens, num_chars in self.steps:
+            ids = self.token_ids[first : first + num_tokens]
+            text = self.text[char : char + num_chars]
+            logprobs = None if self.logprobs is None else self.logprobs[first : first + num_tokens]
+            event = TokenEvent(
+                index=self.index + first, token_ids=ids, text=text, logprobs=logprobs
+            )
+            events.append(event)
+            first, char = first + num_tokens, char + num_chars
+        return events
+
+    @classmethod
+    def coalesce(cls, events: Sequence[TokenEvent]) -> TokenEvent:
+        """Consecutive events of one request as one (``split`` gives them back)."""
+        if len(events) == 1:
+            return events[0]
+        pieces = [p for e in events for p in e.split()]
+        has_logprobs = all(p.logprobs is not None for p in pieces)
+        return cls(
+            index=pieces[0].index,
+            token_ids=tuple(t for p in pieces for t in p.token_ids),
+            text="".join(p.text for p in pieces),
+            logprobs=tuple(x for p in pieces for x in p.logprobs or ()) if has_logprobs else None,
+            steps=tuple((len(p.token_ids), len(p.text)) for p in pieces),
+        )
+
+    def wire(self) -> bytes:
+        """The stream entry's JSON: ``steps`` only when there are several, so readers
+        from before coalescing still read every entry of a worker with it turned off."""
+        exclude = {"steps"} if self.steps is None else set()
+        return orjson.dumps(self.model_dump(mode="json", exclude=exclude))
 
 
 class FinalEvent(_Strict):

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     worker_heartbeat_ms: int = Field(2_000, ge=50)
     drain_timeout_s: float = Field(30.0, ge=0)
+    # A worker holds what its engine steps produce for up to this long and then writes
+    # it in one round trip: each request's tokens since its last write as one stream
+    # entry. Fewer entries, script calls and reader wakeups per token, for at most this
+    # much added latency on any event (first token and final event included); 0 writes
+    # every step. bench/scale.py measures both.
+    publish_coalesce_ms: int = Field(30, ge=0, le=1_000)
     # A worker serves /metrics, /healthz and /readyz on this port (off when unset).
     worker_metrics_port: int | None = Field(None, ge=0, le=65535)
     model_cache_dir: str | None = None

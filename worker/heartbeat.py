@@ -121,6 +121,7 @@ class Heartbeat(threading.Thread):
                 stats.get("prefix_cache_hits", 0) / max(stats.get("prefix_cache_queries", 0), 1), 3
             ),
             "state": "draining" if self.service.stopping.is_set() else "serving",
+            "coalesce_p99_ms": round(self.service.coalescer.p99_delay_ms(), 1),
         }
 
     def deregister(self) -> None:

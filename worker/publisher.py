@@ -1,6 +1,7 @@
-"""Turning one engine step into one pipelined round trip, and its replies into actions.
+"""Turning what engine steps produced into one pipelined round trip, and its replies
+into actions (``worker.coalesce`` decides when: every step, or once per window).
 
-A step is its token events (one publish call on one Redis, one per request on a
+A write is its token events (one publish call on one Redis, one per request on a
 cluster) followed by a finish call per request that ended, all on the requests' own
 slots. Nothing about a request changes until Redis has acknowledged the round trip,
 so a step whose publish failed (Redis away) is simply sent again; the publish
@@ -25,10 +26,11 @@ from shared.calls import (
 from shared.connection import is_cluster
 from shared.fairness import excess_tokens, units
 from shared.keys import Keys
-from shared.models import FinalEvent, FinishReason, TokenEvent, dumps
+from shared.models import FinalEvent, FinishReason, dumps
 from shared.scripts import ScriptCall, Scripts
 from shared.settings import Settings
 from shared.usage import record_call
+from worker.coalesce import Merged, step_event
 from worker.engine.outputs import RequestOutput
 from worker.held import STATE_OF_REASON, Held
 
@@ -116,12 +118,10 @@ def _final_of(reply: Any) -> Any:
 
 
 def token_publish(held: Held, out: RequestOutput) -> TokenPublish:
-    logprobs = tuple(out.logprobs) if out.logprobs else None
-    event = TokenEvent(
-        index=out.index, token_ids=tuple(out.new_token_ids), text=out.text, logprobs=logprobs
-    )
+    """The stream entry of ``out``: one step's tokens, or several steps' coalesced."""
+    event = out.event if isinstance(out, Merged) and out.event is not None else step_event(out)
     return TokenPublish(
-        held.request_id, held.lease_token, dumps(event), out.index, len(out.new_token_ids)
+        held.request_id, held.lease_token, event.wire(), event.index, len(out.new_token_ids)
     )
 
 

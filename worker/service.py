@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -21,6 +22,7 @@ from shared.records import stream_event
 from shared.replies import text
 from shared.scripts import Scripts
 from shared.settings import Settings
+from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 from worker.held import Held
@@ -71,7 +73,9 @@ class WorkerService:
         self.held_lock = threading.Lock()
         self.stopping = threading.Event()
         self.num_generated_tokens = 0
-        self.pending: list[RequestOutput] = []  # a step whose publish has not gone through
+        # Step outputs held for the next write, and a write not yet acknowledged.
+        self.coalescer = Coalescer(settings.publish_coalesce_ms / 1000)
+        self.pending: list[RequestOutput] = []
         # Filled by the heartbeat thread, applied by the loop between steps.
         self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -95,11 +99,12 @@ class WorkerService:
         self._apply_heartbeat_news()
         claimed = self.intake()
         if self.engine.has_unfinished_requests():
-            self.pending = self.engine.step()
-            self.flush()
+            self.step()
+            self.flush(force=not self.engine.has_unfinished_requests())
             return True
         if claimed:
             return True
+        self.flush(force=True)
         if burst and not self.redis.zcard(self.keys.queue(self.tag)):
             return False
         self.redis.blpop([self.keys.wakeup(self.tag)], timeout=IDLE_WAIT_S)
@@ -114,10 +119,12 @@ class WorkerService:
             try:
                 self.flush()
                 self._apply_heartbeat_news()
-                self.pending = self.engine.step()
+                self.step()
                 self.flush()
             except REDIS_ERRORS:
                 backoff.wait()
+        with contextlib.suppress(*REDIS_ERRORS):
+            self.flush(force=True)  # what was generated is not generated again elsewhere
         self.release_all()
 
     def release_all(self) -> int:
@@ -131,10 +138,19 @@ class WorkerService:
             self.held.clear()
         return released
 
-    def flush(self) -> None:
-        """Publish the pending step: every token and final event in one round trip."""
+    def step(self) -> None:
+        clock = self.coalescer.clock  # one clock for the step time and the window
+        started = clock()
+        outputs = self.engine.step()
+        self.coalescer.add(outputs, step_s=clock() - started)
+
+    def flush(self, force: bool = False) -> None:
+        """Write what is held, if it is due (or ``force``): every token and final event
+        in one round trip. A write that failed is sent again first, unchanged."""
         if not self.pending:
-            return
+            if not self.coalescer.holding or not (force or self.coalescer.due()):
+                return
+            self.pending = self.coalescer.take()
         plan = plan_step(self.keys, self.settings, self.held, self.pending)
         pairs = send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
         self.pending = []
@@ -177,6 +193,7 @@ class WorkerService:
 
     def _drop(self, request_id: str) -> None:
         self._abort(request_id, FinishReason.CANCELLED)
+        self.coalescer.discard(request_id)
         with self.held_lock:
             self.held.pop(request_id, None)
 

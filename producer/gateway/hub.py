@@ -4,7 +4,9 @@ A blocking read per subscriber would hold one Redis connection and one round tri
 token per stream; the hub instead keeps one connection blocked on all followed streams
 at once, so a worker step that publishes to 500 streams reaches the gateway as one
 reply. A new subscriber interrupts the blocked read with CLIENT UNBLOCK so it is read
-from at once. (On Redis Cluster this would need one hub per hash slot.)
+from at once. (On Redis Cluster this would need one hub per hash slot.) An XREAD costs
+Redis in proportion to the streams it names, so the hub reads at most about every
+``gather_s`` while entries keep coming, each read carrying many workers' writes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ MAX_ID_PART = 2**64 - 1
 IDLE_TICKS = 4
 UNBLOCK_TRIES = 20
 UNBLOCK_RETRY_S = 0.002
+# After a read that returned entries, the next waits this long: at most this much added
+# stream latency, for about a third of the XREAD work in Redis (bench/scale.py).
+GATHER_S = 0.015
 
 
 def parse_cursor(stream_id: str) -> Cursor:
@@ -77,6 +82,7 @@ class StreamHub:
         block_ms: int = 1_000,
         count: int = 512,
         idle_s: float = 2.0,
+        gather_s: float = GATHER_S,
     ) -> None:
         self._reader = reader  # single-connection client, blocked in XREAD
         # Raw replies: redis-py's dict per entry costs as much as the rest of the hub.
@@ -93,6 +99,7 @@ class StreamHub:
         self._block_ms = block_ms
         self._count = count
         self._idle_s = idle_s
+        self._gather_s = gather_s
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -198,6 +205,10 @@ class StreamHub:
         finally:
             self._reading = False
         self._dispatch(_entries(reply))
+        if reply and self._gather_s > 0:
+            # An XREAD costs Redis in proportion to the streams it follows, whether they
+            # have news or not: the next one waits a moment to carry many workers' writes.
+            await asyncio.sleep(self._gather_s)
 
     def _dispatch(self, entries: Iterable[tuple[str, Any, Any]]) -> None:
         for key, entry_id, fields in entries:

@@ -39,8 +39,13 @@ def _data(payload: dict[str, Any]) -> bytes:
 
 
 def token_logprobs(event: TokenEvent) -> list[TokenLogprob]:
-    """The event's per-token logprobs; a token's text is known alone only when the
-    event holds one token, else it reads ``token_id:<id>`` (as vLLM's option does)."""
+    """The event's per-token logprobs, step by step when it is a coalesced one."""
+    return [logprob for step in event.split() for logprob in _step_logprobs(step)]
+
+
+def _step_logprobs(event: TokenEvent) -> list[TokenLogprob]:
+    """A step's per-token logprobs; a token's text is known alone only when the step
+    produced one token, else it reads ``token_id:<id>`` (as vLLM's option does)."""
     single = len(event.token_ids) == 1
 
     def name(token_id: int) -> str:

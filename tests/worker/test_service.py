@@ -25,7 +25,7 @@ MODEL = "m"
 
 @pytest.fixture
 def setup(fake_redis: fakeredis.FakeRedis) -> tuple[Client, WorkerService, ScriptedEngine]:
-    settings = Settings()
+    settings = Settings(publish_coalesce_ms=0)  # a write per step (tests/worker/test_coalesce.py)
     serve(fake_redis, MODEL)
     engine = ScriptedEngine()
     service = WorkerService(engine, fake_redis, settings, MODEL, "w1")
@@ -264,7 +264,7 @@ def test_an_operator_drain_order_stops_claims(setup: Any, fake_redis: fakeredis.
 def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     fake_redis: fakeredis.FakeRedis,
 ) -> None:
-    settings = Settings()
+    settings = Settings(publish_coalesce_ms=0)
     serve(fake_redis, MODEL)
     client = Client(connection=fake_redis, settings=settings)
     dying = WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")

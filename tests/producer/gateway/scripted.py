@@ -46,6 +46,7 @@ class ScriptedWorker:
     step_s: float = 0.005
     num_tokens: int = 8  # tokens per answer, at most max_tokens
     max_num_seqs: int = 64
+    tokens_per_entry: int = 1  # more: that many steps' tokens as one entry, as coalescing does
     embedding_size: int | None = None  # registered, as a real worker's hidden size is
     running: dict[str, _Running] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -110,10 +111,12 @@ class ScriptedWorker:
         runs = list(self.running.values())
         if not runs:
             return
-        (call,) = publish_calls(self.keys, [self._event(r) for r in runs], one_per_request=False)
+        sizes = [min(self.tokens_per_entry, self._limit(r) - r.num_sent) for r in runs]
+        events = [self._event(r, n) for r, n in zip(runs, sizes, strict=True)]
+        (call,) = publish_calls(self.keys, events, one_per_request=False)
         codes = self.scripts.run(call)
-        for run, code in zip(runs, codes, strict=True):
-            run.num_sent += 1
+        for run, n, code in zip(runs, sizes, codes, strict=True):
+            run.num_sent += n
             if int(code) == 2:
                 self._finish(run, FinishReason.CANCELLED)
 
@@ -131,11 +134,21 @@ class ScriptedWorker:
             request = GenerationRequest.model_validate_json(c.payload)
             self.running[c.request_id] = _Running(c, request, c.num_generated)
 
-    def _event(self, run: _Running) -> TokenPublish:
-        i, num_top = run.num_sent, run.request.sampling.logprobs
-        logprobs = None if num_top is None else (_logprob(i, num_top),)
-        event = TokenEvent(index=i, token_ids=(i,), text=token_text(i), logprobs=logprobs)
-        return TokenPublish(run.claimed.request_id, run.claimed.lease_token, dumps(event), i, 1)
+    def _event(self, run: _Running, num_tokens: int) -> TokenPublish:
+        first, num_top = run.num_sent, run.request.sampling.logprobs
+        steps = [
+            TokenEvent(
+                index=i,
+                token_ids=(i,),
+                text=token_text(i),
+                logprobs=None if num_top is None else (_logprob(i, num_top),),
+            )
+            for i in range(first, first + num_tokens)
+        ]
+        wire = TokenEvent.coalesce(steps).wire()
+        return TokenPublish(
+            run.claimed.request_id, run.claimed.lease_token, wire, first, num_tokens
+        )
 
     def _finish(self, run: _Running, reason: FinishReason) -> None:
         c, n = run.claimed, run.num_sent

@@ -86,6 +86,23 @@ def test_resuming_with_last_event_id_joins_to_the_uninterrupted_stream(
     )
 
 
+def test_coalesced_entries_are_one_event_each_and_resume_after_the_whole_entry(
+    gateway: RunningGateway,
+) -> None:
+    gateway.worker.num_tokens, gateway.worker.tokens_per_entry = 40, 3
+    with gateway.client() as http:
+        request_id = str(_submit(http, sampling={"max_tokens": 40})["id"])
+        url = f"/v1/requests/{request_id}/events"
+        with http.stream("GET", url) as r:  # drop the connection after 5 entries
+            first = [m for _, m in zip(range(5), messages(r), strict=False)]
+        rest = _events(http, request_id, headers={"Last-Event-ID": first[-1].id or ""})
+    tokens = [orjson.loads(m.data) for m in first + rest if m.event == "token"]
+    assert [t["index"] for t in tokens] == list(range(0, 40, 3))
+    assert [len(t["token_ids"]) for t in tokens] == [3] * 13 + [1]
+    assert _text(first) + _text(rest) == expected_text(40)
+    assert [m.event for m in rest][-1] == "final"
+
+
 def test_cancel_a_queued_request_at_once_and_a_running_one_soon(gateway: RunningGateway) -> None:
     gateway.worker.num_tokens = 10_000
     with gateway.client() as http:

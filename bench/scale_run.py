@@ -1,0 +1,264 @@
+"""One measurement of bench/scale.py: start workers and a web app against a Redis (one
+server or a cluster), let them run for a window, and read Redis's own counters."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import redis
+
+from producer.client import Client
+from producer.embedded import EmbeddedRedis
+from shared.connection import connect
+from shared.errors import QueueFull
+from shared.keys import Keys, model_tag
+from shared.registry import mark_served
+from shared.settings import Settings
+from tests.cluster import LocalCluster
+from worker.sim import SimConfig
+
+
+@dataclass(frozen=True)
+class Figures:
+    workers: int
+    tokens_per_s: float
+    commands_per_token: float
+    redis_cpu_us_per_token: float
+    redis_cpu_s_per_s: float
+    coalesce_p99_ms: float
+    # Per master of a cluster: (name, share of stream entries, share of Redis CPU).
+    per_node: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+@dataclass
+class Target:
+    """A Redis to measure against: its URL and a plain connection to each node."""
+
+    kind: str
+    url: str
+    nodes: dict[str, redis.Redis]
+
+    def any_node(self) -> redis.Redis:
+        return next(iter(self.nodes.values()))
+
+
+@contextmanager
+def single_target() -> Iterator[Target]:
+    server = EmbeddedRedis().start()
+    try:
+        yield Target(server.kind, server.url, {"one": redis.Redis.from_url(server.url)})
+    finally:
+        server.stop()
+
+
+@contextmanager
+def cluster_target() -> Iterator[Target]:
+    cluster = LocalCluster().start()
+    nodes = {str(p): redis.Redis(port=p) for p in cluster.ports}
+    try:
+        yield Target("3-master Redis Cluster", cluster.url, nodes)
+    finally:
+        cluster.stop()
+
+
+@dataclass(frozen=True)
+class Totals:
+    commands: int
+    cpu_s: float
+    stream_entries: int
+
+    def __sub__(self, other: Totals) -> Totals:
+        return Totals(
+            self.commands - other.commands,
+            self.cpu_s - other.cpu_s,
+            self.stream_entries - other.stream_entries,
+        )
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.commands + other.commands,
+            self.cpu_s + other.cpu_s,
+            self.stream_entries + other.stream_entries,
+        )
+
+
+def node_totals(node: redis.Redis) -> Totals:
+    stats, cpu = node.info("stats"), node.info("cpu")
+    xadd = node.info("commandstats").get("cmdstat_xadd", {}).get("calls", 0)
+    cpu_s = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+    return Totals(int(stats["total_commands_processed"]), cpu_s, int(xadd))
+
+
+def start_workers(n: int, url: str, model: str, coalesce_ms: int) -> list[subprocess.Popen[bytes]]:
+    env = {
+        **os.environ,
+        "TOKENQ_DRAIN_TIMEOUT_S": "0",
+        "TOKENQ_PUBLISH_COALESCE_MS": str(coalesce_ms),
+    }
+    cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", url, "--model", model]
+    return [subprocess.Popen([*cmd, "--log-level", "WARNING"], env=env) for _ in range(n)]
+
+
+def start_webapp(
+    url: str, model: str, depth: int, max_tokens: int, gather_ms: float
+) -> subprocess.Popen[bytes]:
+    args = [url, model, str(depth), str(max_tokens), str(gather_ms)]
+    cmd = [sys.executable, "-m", "bench.webapp", *args]
+    return subprocess.Popen(cmd)
+
+
+def wait_registered(connection: redis.Redis, n: int, timeout_s: float = 300) -> None:
+    give_up = time.monotonic() + timeout_s
+    while connection.zcard(Keys().workers()) < n:
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"only {connection.zcard(Keys().workers())} of {n} workers came up")
+        time.sleep(0.2)
+
+
+class FinishCounter(threading.Thread):
+    """Counts 'finished' lifecycle events while ``counting`` is set (on a cluster, any
+    node hears every PUBLISH)."""
+
+    def __init__(self, node: redis.Redis) -> None:
+        super().__init__(daemon=True)
+        self.pubsub = node.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(Keys().lifecycle_channel())
+        self.counting, self.done, self.finished = threading.Event(), threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            message = self.pubsub.get_message(timeout=0.2)
+            if message and self.counting.is_set() and b'"finished"' in message["data"]:
+                self.finished += 1
+
+
+def coalesce_p99_ms(connection: redis.Redis) -> float:
+    """The largest p99 coalescing delay the workers report in their registry entries."""
+    keys = Keys()
+    ids = connection.zrange(keys.workers(), 0, -1)
+    values = [connection.hget(keys.worker(i.decode()), "coalesce_p99_ms") for i in ids]
+    return max((float(v) for v in values if v is not None), default=0.0)
+
+
+def prepare(target: Target, connection: redis.Redis, model: str) -> None:
+    for node in target.nodes.values():
+        node.flushall()
+    pipe = connection.pipeline(transaction=False)
+    mark_served(pipe, Keys(), Settings(redis_url=target.url), model)
+    pipe.execute()
+
+
+def measure(
+    target: Target,
+    n: int,
+    model: str,
+    coalesce_ms: int,
+    window_s: float,
+    max_tokens: int,
+    readers: bool = True,
+    gather_ms: float = 0.0,
+) -> Figures:
+    connection = connect(target.url)
+    prepare(target, connection, model)
+    batch = SimConfig.parse(model).max_num_seqs
+    workers = start_workers(n, target.url, model, coalesce_ms)
+    depth = 2 * n * batch
+    feeder: Feeder | subprocess.Popen[bytes]
+    feeder = start_webapp(target.url, model, depth, max_tokens, gather_ms) if readers else Feeder(
+        Client(settings=Settings(redis_url=target.url, max_queued=1_000_000)), model, depth,
+        max_tokens,
+    )  # fmt: skip
+    counter = FinishCounter(target.any_node())
+    try:
+        wait_registered(connection, n)
+        counter.start()
+        if isinstance(feeder, Feeder):
+            feeder.start()
+        time.sleep(3 + 2 * max_tokens * SimConfig.parse(model).step_s(batch))  # warm-up
+        before = {name: node_totals(node) for name, node in target.nodes.items()}
+        counter.counting.set()
+        time.sleep(window_s)
+        counter.counting.clear()
+        after = {name: node_totals(node) for name, node in target.nodes.items()}
+        p99_ms = coalesce_p99_ms(connection)
+    finally:
+        stop(feeder, counter, workers)
+    return figures(n, counter.finished * max_tokens, window_s, before, after, p99_ms)
+
+
+def figures(
+    n: int,
+    tokens: int,
+    window_s: float,
+    before: dict[str, Totals],
+    after: dict[str, Totals],
+    p99_ms: float,
+) -> Figures:
+    per_token = max(tokens, 1)
+    deltas = {name: after[name] - before[name] for name in after}
+    total = sum(deltas.values(), Totals(0, 0.0, 0))
+    shares = [
+        (name, d.stream_entries / max(total.stream_entries, 1), d.cpu_s / max(total.cpu_s, 1e-9))
+        for name, d in deltas.items()
+    ]
+    return Figures(
+        n,
+        tokens / window_s,
+        total.commands / per_token,
+        total.cpu_s * 1e6 / per_token,
+        total.cpu_s / window_s,
+        p99_ms,
+        shares if len(deltas) > 1 else [],
+    )
+
+
+def stop(
+    feeder: Feeder | subprocess.Popen[bytes],
+    counter: FinishCounter,
+    workers: list[subprocess.Popen[bytes]],
+) -> None:
+    if isinstance(feeder, Feeder):
+        feeder.done.set()
+    else:
+        feeder.terminate()
+        end(feeder)
+    counter.done.set()
+    for w in workers:
+        w.send_signal(signal.SIGTERM)
+    for w in workers:
+        end(w)
+
+
+def end(process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class Feeder(threading.Thread):
+    """Without readers: keeps at least ``depth`` requests queued until stopped."""
+
+    def __init__(self, client: Client, model: str, depth: int, max_tokens: int) -> None:
+        super().__init__(daemon=True)
+        self.client, self.depth = client, depth
+        self.body = {"model": model, "prompt": "a b c d", "sampling": {"max_tokens": max_tokens}}
+        self.done = threading.Event()
+        self.queue_key = Keys().queue(model_tag(model))
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            missing = self.depth - int(self.client.redis.zcard(self.queue_key))
+            if missing > 0:
+                with contextlib.suppress(QueueFull):  # full: the next round tops it up
+                    self.client.submit_many([self.body] * missing)

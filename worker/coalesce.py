@@ -1,0 +1,126 @@
+"""Coalescing: what engine steps produce is held for a short window, then written in one
+round trip, each request's steps as one stream entry.
+
+Per token, Redis then runs a fraction of a script call, a fraction of an XADD and its
+hash updates, and wakes a fraction of the readers' blocked XREADs. The whole worker
+writes at once (not each request on its own clock), so a worker makes one round trip
+per window rather than one per step, and readers wake once per window.
+
+Exactly-once and fencing are unchanged: a written entry is still fenced by the lease
+token and made idempotent by the index of its first token; what was taken for a write
+is sent again, unchanged, until Redis acknowledges it (the loop steps the engine only
+after that), so a retried write never differs from one that went through. What a
+worker holds when it loses a lease or dies was never written: the next worker
+regenerates it from the last written token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shared.models import TokenEvent
+from worker.engine.outputs import RequestOutput
+
+NUM_DELAYS_KEPT = 4_096
+# The next step is taken to last as long as the longest of the last few: a step that
+# runs long (a prefill joins, the host is busy) is what could hold a token past the window.
+NUM_STEPS_KEPT = 16
+
+
+@dataclass
+class Coalescer:
+    """Holds step outputs; ``due`` says when the oldest one must go out."""
+
+    window_s: float
+    clock: Callable[[], float] = time.monotonic
+    _held: dict[str, list[RequestOutput]] = field(default_factory=dict)
+    _added_s: dict[int, float] = field(default_factory=dict)  # id(output) -> when held
+    _oldest_s: float | None = None
+    delays_s: deque[float] = field(default_factory=lambda: deque(maxlen=NUM_DELAYS_KEPT))
+    steps_s: deque[float] = field(default_factory=lambda: deque(maxlen=NUM_STEPS_KEPT))
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def add(self, outputs: list[RequestOutput], step_s: float = 0.0) -> None:
+        """Hold what a step produced; ``step_s`` is how long that step took."""
+        self.steps_s.append(step_s)
+        now = self.clock()
+        for out in outputs:
+            self._held.setdefault(out.request_id, []).append(out)
+            self._added_s[id(out)] = now
+        if outputs and self._oldest_s is None:
+            self._oldest_s = now
+
+    def due(self) -> bool:
+        """Whether the next step would keep the oldest held output past the window:
+        then it goes out now, so none waits longer than the window (unless a step runs
+        longer than the recent ones did)."""
+        if self._oldest_s is None:
+            return False
+        if self.window_s <= 0:
+            return True
+        next_step_s = max(self.steps_s, default=0.0)
+        return self.clock() + next_step_s - self._oldest_s > self.window_s
+
+    def take(self) -> list[RequestOutput]:
+        """Everything held, one merged output per request, in the order first held."""
+        now = self.clock()
+        groups = list(self._held.values())
+        for group in groups:
+            self.delays_s.extend(now - self._added_s[id(out)] for out in group)
+        self._held, self._added_s, self._oldest_s = {}, {}, None
+        return [merge(group) for group in groups]
+
+    def discard(self, request_id: str) -> None:
+        """Drop what is held for a request this worker no longer holds."""
+        for out in self._held.pop(request_id, []):
+            del self._added_s[id(out)]
+
+    def p99_delay_ms(self) -> float:
+        """The 99th percentile of how long recent outputs were held."""
+        if not self.delays_s:
+            return 0.0
+        ordered = sorted(self.delays_s)
+        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] * 1000
+
+
+@dataclass
+class Merged(RequestOutput):
+    """Several consecutive step outputs of one request as one; ``event`` keeps each
+    step's share so that readers can split the stream entry again."""
+
+    event: TokenEvent | None = None
+
+
+def step_event(out: RequestOutput) -> TokenEvent:
+    logprobs = tuple(out.logprobs) if out.logprobs else None
+    return TokenEvent(
+        index=out.index, token_ids=tuple(out.new_token_ids), text=out.text, logprobs=logprobs
+    )
+
+
+def merge(group: list[RequestOutput]) -> RequestOutput:
+    if len(group) == 1:
+        return group[0]
+    steps = [o for o in group if o.new_token_ids or o.text]
+    event = TokenEvent.coalesce([step_event(o) for o in steps]) if steps else None
+    last = group[-1]
+    return Merged(
+        request_id=last.request_id,
+        index=group[0].index,
+        new_token_ids=[t for o in group for t in o.new_token_ids],
+        text="".join(o.text for o in group),
+        finish_reason=last.finish_reason,
+        logprobs=None if event is None or event.logprobs is None else list(event.logprobs),
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_output_tokens=last.num_output_tokens,
+        error=last.error,
+        embedding=last.embedding,
+        event=event,
+    )
