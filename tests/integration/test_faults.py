@@ -17,12 +17,13 @@ import pytest
 import redis
 
 from producer.client import Client, Handle
+from shared.connection import is_cluster
 from shared.errors import NotFound
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinishReason, RequestState
 from shared.settings import DEFAULT_MODEL, Settings
 from tests.conftest import serve
-from tests.integration.conftest import FAULT_ENV, WorkerFactory
+from tests.integration.conftest import FAULT_ENV, TokenqRedis, WorkerFactory
 from tests.integration.faults import RedisProcess, all_done, audit_stream, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -100,16 +101,17 @@ def report(capsys: pytest.CaptureFixture[str], **figures: object) -> None:
 
 
 def test_two_sigkills_lose_nothing_and_duplicate_nothing(
-    real_redis: redis.Redis,
+    any_real_redis: TokenqRedis,
     start_worker: WorkerFactory,
     reference: Reference,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    serve(real_redis, DEFAULT_MODEL)
-    client = Client(connection=real_redis, settings=Settings())
+    connection = any_real_redis.connection
+    serve(connection, DEFAULT_MODEL)
+    client = Client(connection=connection, settings=Settings())
     items = bodies(40, 48)
     handles = submit_all(client, items)
-    seqs = ("--max-num-seqs", "8")
+    seqs = ("--redis", any_real_redis.url, "--max-num-seqs", "8")
     victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
     for _ in range(2):
         # Killed while it streams, so each stall measured is one worker's death (a worker
@@ -119,10 +121,11 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
         victim.wait(timeout=30)
         victim = start_worker(*seqs, env=FAULT_ENV)
     wait_until(all_done(client, [h.id for h in handles]), 600, "every request to end")
-    longest = check_streams(real_redis, handles, reference(items))
+    longest = check_streams(connection, handles, reference(items))
     report(
         capsys,
         test="sigkill",
+        redis="cluster" if is_cluster(connection) else "single",
         submitted=len(handles),
         workers_killed=2,
         lost=0,
