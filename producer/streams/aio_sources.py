@@ -16,7 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from producer.streams.core import raw_reply, xread_entries
-from producer.streams.slots import COUNT, Pacer, is_redirect, plan_reads
+from producer.streams.slots import COUNT, Pacer, is_redirect, plan_reads, xread_args
 
 log = logging.getLogger(__name__)
 Entries = list[tuple[str, Any, Any]]
@@ -133,7 +133,7 @@ class AsyncClusterSource:
     async def _read_node(self, node: Any, reads: list[dict[str, str]]) -> Entries:
         pipe = self._connection(node).pipeline(transaction=False)
         for streams in reads:
-            pipe.xread(streams, count=COUNT)  # type: ignore[arg-type]
+            pipe.execute_command(*xread_args(streams))
         try:
             replies = await pipe.execute(raise_on_error=False)
         except redis.RedisError:

@@ -55,6 +55,12 @@ class Pacer:
         return self.delay_s
 
 
+def xread_args(streams: dict[str, str]) -> tuple[object, ...]:
+    """A non-blocking XREAD, spelled out (redis-py's ``xread`` checks its arguments at a
+    cost that shows at thousands of streams per round)."""
+    return ("XREAD", "COUNT", COUNT, "STREAMS", *streams, *streams.values())
+
+
 def is_redirect(error: Exception) -> bool:
     """A MOVED or ASK reply: the slot map changed under us."""
     message = str(error)

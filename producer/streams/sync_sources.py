@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from producer.streams.aio_sources import UNBLOCK_RETRY_S, UNBLOCK_TRIES, UNBLOCKABLE_BLOCK_MS
 from producer.streams.core import xread_entries
-from producer.streams.slots import COUNT, Pacer, is_redirect, plan_reads
+from producer.streams.slots import COUNT, Pacer, is_redirect, plan_reads, xread_args
 
 log = logging.getLogger(__name__)
 Entries = list[tuple[str, Any, Any]]
@@ -37,6 +37,7 @@ class BlockingSource:
         self._reader, self._control, self._block_ms = reader, control, block_ms
         self._client_id: int | None = None
         self._reading = threading.Event()
+        self._unblocking = threading.Lock()
 
     def read(self, cursors: dict[str, str], changed: threading.Event) -> Entries:
         if self._client_id is None:
@@ -66,10 +67,17 @@ class BlockingSource:
         return None
 
     def interrupt(self) -> None:
-        """Make a blocked read return now (called from a follower's thread)."""
+        """Make a blocked read return now (called from a follower's thread). One thread
+        unblocks at a time: the read it restarts picks up the others' followers too."""
         client_id = self._client_id
-        if client_id is None or client_id < 0:
+        if client_id is None or client_id < 0 or not self._unblocking.acquire(blocking=False):
             return
+        try:
+            self._unblock(client_id)
+        finally:
+            self._unblocking.release()
+
+    def _unblock(self, client_id: int) -> None:
         for _ in range(UNBLOCK_TRIES):
             try:
                 if not self._reading.is_set() or self._control.client_unblock(client_id):
@@ -106,7 +114,7 @@ class ClusterSource:
             raise redis.ConnectionError(f"no connection to cluster node {node.name}")
         pipe = connection.pipeline(transaction=False)
         for streams in reads:
-            pipe.xread(streams, count=COUNT)
+            pipe.execute_command(*xread_args(streams))
         try:
             replies = pipe.execute(raise_on_error=False)
         except redis.RedisError:

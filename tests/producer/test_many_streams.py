@@ -47,16 +47,6 @@ def worker(url: str) -> Iterator[ScriptedWorker]:
     w.stop()
 
 
-def _most_connections(url: str) -> int:
-    """The most connections this test's clients hold on any one Redis of ``url``."""
-    admin = connect(url)
-    try:
-        counts = [_named(node.client_list()) for node in _masters(admin)]
-    finally:
-        close(admin)
-    return max(counts)
-
-
 def _masters(admin: redis.Redis) -> list[redis.Redis]:
     if not is_cluster(admin):
         return [admin]
@@ -82,10 +72,12 @@ def _named(clients: list[dict[str, str]]) -> int:
 
 
 class Peak:
-    """The most connections seen while the test runs, sampled every 50 ms."""
+    """The most connections this test's clients hold on any one Redis of ``url`` while
+    the block runs, sampled every 50 ms."""
 
     def __init__(self, url: str) -> None:
-        self.url, self.most = url, 0
+        self.most = 0
+        self._admin = connect(url)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -96,10 +88,13 @@ class Peak:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join(timeout=10)
+        close(self._admin)
 
     def _watch(self) -> None:
+        masters = _masters(self._admin)
         while not self._done.wait(0.05):
-            self.most = max(self.most, _most_connections(self.url))
+            counts = [_named(node.client_list()) for node in masters]
+            self.most = max(self.most, *counts)
 
 
 def _check(events: list[StreamEvent]) -> None:
