@@ -109,9 +109,8 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
     connection = any_real_redis.connection
     serve(connection, DEFAULT_MODEL)
     client = Client(connection=connection, settings=Settings())
-    # Smaller on the cluster, where the same test runs a second time: enough that the
-    # restarted victim finds work to be killed in again.
-    items = bodies(24, 32) if is_cluster(connection) else bodies(40, 48)
+    # Enough that the restarted victim still finds work to be killed in.
+    items = bodies(40, 48)
     handles = submit_all(client, items)
     seqs = ("--redis", any_real_redis.url, "--max-num-seqs", "8")
     victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
