@@ -24,7 +24,13 @@ from shared.models import FinishReason, RequestState
 from shared.settings import DEFAULT_MODEL, Settings
 from tests.conftest import serve
 from tests.integration.conftest import FAULT_ENV, TokenqRedis, WorkerFactory
-from tests.integration.faults import RedisProcess, all_done, audit_stream, wait_until
+from tests.integration.faults import (
+    RedisProcess,
+    all_done,
+    audit_stream,
+    wait_all_done,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -121,7 +127,7 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
         victim = start_worker(*seqs, env=FAULT_ENV)
-    wait_until(all_done(client, [h.id for h in handles]), 600, "every request to end")
+    wait_all_done(client, [h.id for h in handles], 600)
     longest = check_streams(connection, handles, reference(items))
     report(
         capsys,
