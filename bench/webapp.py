@@ -15,12 +15,10 @@ import contextlib
 import sys
 
 import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 
 from producer.aio import AsyncClient
-from producer.gateway.hub import StreamHub
+from producer.gateway.hub import StreamHub, gateway_hub
 from shared.connection import cluster_url
 from shared.errors import QueueFull
 from shared.keys import Keys, model_tag
@@ -53,10 +51,7 @@ class Hubs:
 
 
 def _hub(url: str, gather_s: float) -> StreamHub:
-    reader = redis.asyncio.Redis.from_url(
-        url, single_connection_client=True, retry=Retry(NoBackoff(), 0)
-    )
-    return StreamHub(reader, redis.asyncio.Redis.from_url(url), gather_s=gather_s)
+    return gateway_hub(redis.asyncio.Redis.from_url(url), gather_s=gather_s)
 
 
 class WebApp:

@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+import asyncio
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
 
-from producer.client import _block_ms, _deadline
+from producer.client import BLOCK_MS, MAX_LOOKUPS, _block_ms, _deadline
+from producer.following import has_final, parse_events, result_or_tail
 from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
+from producer.streams.aio import AsyncFollower, AsyncHub, async_source
 from shared.connection import connect_async
 from shared.flows import accepted, cancel_flow, drive_async
 from shared.keys import Keys, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
-from shared.reads import (
-    parse_xread,
-    position_read,
-    result_read,
-    run_read_async,
-    status_read,
-)
+from shared.reads import position_read, result_read, run_read_async, status_read
 from shared.scripts import AsyncScripts
 from shared.settings import Settings, get_settings
-
-BLOCK_MS = 2_000
 
 
 class AsyncClient:
@@ -44,6 +39,10 @@ class AsyncClient:
         self.redis = connection or connect_async(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = AsyncScripts(self.redis)
+        self._hub: AsyncHub[StreamEvent] | None = None
+        # Followers look Redis up on quiet spells, all at once if all are quiet: a few
+        # at a time, so thousands of them never need more than the pool holds.
+        self._lookups = asyncio.Semaphore(MAX_LOOKUPS)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -52,7 +51,18 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._hub is not None:
+            await self._hub.stop()
+            self._hub = None
         await self.redis.aclose()
+
+    def _streams(self) -> AsyncHub[StreamEvent]:
+        """The one reader every stream of this client is followed through (per node on
+        a Redis Cluster), started on first use in the running loop."""
+        if self._hub is None:
+            self._hub = AsyncHub(async_source(self.redis), parse_events, BLOCK_MS / 1000)
+            self._hub.start()
+        return self._hub
 
     async def submit(self, prompt: str | None = None, **kwargs: Any) -> AsyncHandle:
         return await self.submit_request(build_request(self.settings, prompt, **kwargs))
@@ -102,30 +112,48 @@ class AsyncHandle:
 
     async def stream(
         self, after: str = "0-0", timeout: float | None = None
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent]:
         """Token events as they arrive, then the final event; resume with ``after``.
-        RequestTimeout if the final event has not come within ``timeout`` seconds."""
-        cursor, give_up = after, _deadline(timeout)
-        while True:
-            events = await self._read(cursor, _block_ms(give_up, timeout, self.id))
-            for event in events:
-                cursor = event.id
-                yield event
-                if isinstance(event.event, FinalEvent):
-                    return
-            if not events:
-                await self.status()
-
-    async def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[StreamEvent]:
-        key = self.client.keys.stream(self.id)
-        reply = await self.client.redis.xread({key: cursor}, block=block_ms, count=512)
-        return parse_xread(reply)
+        RequestTimeout if the final event has not come within ``timeout`` seconds.
+        Every stream of a client is read by one shared reader (one connection)."""
+        give_up, c = _deadline(timeout), self.client
+        async with c._streams().follow(c.keys.stream(self.id), after) as follower:
+            while True:
+                events = await _next(follower, _wait_ms(give_up, timeout, self.id))
+                for event in events:
+                    yield event
+                    if isinstance(event.event, FinalEvent):
+                        return
+                if not events:
+                    async with c._lookups:
+                        await self.status()  # raises NotFound if the request is gone
 
     async def result(self, timeout: float | None = None) -> Result:
-        give_up, cursor = _deadline(timeout), "0-0"
-        while True:
-            result = await run_read_async(self.client.redis, result_read(self.client.keys, self.id))
-            if result is not None:
-                return result
-            events = await self._read(cursor, _block_ms(give_up, timeout, self.id))
-            cursor = events[-1].id if events else cursor
+        give_up, c = _deadline(timeout), self.client
+        async with c._lookups:
+            result, tail = await run_read_async(c.redis, result_or_tail(c.keys, self.id))
+        if result is not None:
+            return result
+        async with c._streams().follow(c.keys.stream(self.id), tail) as follower:
+            while True:
+                events = await _next(follower, _wait_ms(give_up, timeout, self.id))
+                if not events or has_final(events):  # ended, or a quiet spell: look
+                    async with c._lookups:
+                        result = await run_read_async(c.redis, result_read(c.keys, self.id))
+                    if result is not None:
+                        return result
+
+
+async def _next(follower: AsyncFollower[StreamEvent], wait_ms: int | None) -> list[StreamEvent]:
+    """The follower's next batch, or nothing after ``wait_ms`` (without a limit, the
+    hub's own timer marks quiet spells: no timer per wait)."""
+    if wait_ms is None:
+        return await follower.next()
+    try:
+        return await asyncio.wait_for(follower.next(), wait_ms / 1000)
+    except TimeoutError:
+        return []
+
+
+def _wait_ms(give_up: float | None, timeout: float | None, request_id: str) -> int | None:
+    return None if give_up is None else _block_ms(give_up, timeout, request_id)

@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
 
+from producer.following import has_final, parse_events, result_or_tail
 from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
+from producer.streams.threaded import ThreadHub, sync_source
 from shared.connection import close, connect
 from shared.errors import RequestTimeout
 from shared.flows import accepted, cancel_flow, drive
 from shared.keys import Keys, tag_of
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
-from shared.reads import (
-    parse_xread,
-    position_read,
-    result_read,
-    run_read,
-    status_read,
-)
+from shared.reads import position_read, result_read, run_read, status_read
 from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
 
 BLOCK_MS = 2_000
+MAX_LOOKUPS = 32
 
 
 class Client:
@@ -47,6 +45,10 @@ class Client:
         self.redis = connection or connect(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = Scripts(self.redis)
+        self._hub: ThreadHub[StreamEvent] | None = None
+        self._hub_lock = threading.Lock()
+        # Followers look Redis up on quiet spells: a few at a time (see AsyncClient).
+        self._lookups = threading.BoundedSemaphore(MAX_LOOKUPS)
 
     def __enter__(self) -> Client:
         return self
@@ -55,7 +57,17 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        if self._hub is not None:
+            self._hub.stop()
+            self._hub = None
         close(self.redis)
+
+    def _streams(self) -> ThreadHub[StreamEvent]:
+        """The one reader every stream of this client is followed through."""
+        with self._hub_lock:
+            if self._hub is None:
+                self._hub = ThreadHub(sync_source(self.redis), parse_events).start()
+            return self._hub
 
     def submit(self, prompt: str | None = None, **kwargs: Any) -> Handle:
         """Enqueue one request; see ``producer.requests.build_request`` for arguments."""
@@ -117,31 +129,35 @@ class Handle:
 
     def stream(self, after: str = "0-0", timeout: float | None = None) -> Iterator[StreamEvent]:
         """Token events as they arrive, then the final event; resume with ``after``.
-        RequestTimeout if the final event has not come within ``timeout`` seconds."""
-        cursor, give_up = after, _deadline(timeout)
-        while True:
-            events = self._read(cursor, _block_ms(give_up, timeout, self.id))
-            for event in events:
-                cursor = event.id
-                yield event
-                if isinstance(event.event, FinalEvent):
-                    return
-            if not events:
-                self.status()  # raises NotFound if the request is gone
-
-    def _read(self, cursor: str, block_ms: int = BLOCK_MS) -> list[StreamEvent]:
+        RequestTimeout if the final event has not come within ``timeout`` seconds.
+        Every stream of a client is read by one shared reader (one connection)."""
+        give_up = _deadline(timeout)
         key = self.client.keys.stream(self.id)
-        return parse_xread(self.client.redis.xread({key: cursor}, block=block_ms, count=512))
+        with self.client._streams().follow(key, after) as follower:
+            while True:
+                events = follower.next(_block_ms(give_up, timeout, self.id) / 1000)
+                for event in events:
+                    yield event
+                    if isinstance(event.event, FinalEvent):
+                        return
+                if not events:
+                    with self.client._lookups:
+                        self.status()  # raises NotFound if the request is gone
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the request to end and return its result."""
-        give_up, cursor = _deadline(timeout), "0-0"
-        while True:
-            result = run_read(self.client.redis, result_read(self.client.keys, self.id))
-            if result is not None:
-                return result
-            events = self._read(cursor, _block_ms(give_up, timeout, self.id))
-            cursor = events[-1].id if events else cursor
+        give_up, c = _deadline(timeout), self.client
+        result, tail = run_read(c.redis, result_or_tail(c.keys, self.id))
+        if result is not None:
+            return result
+        with c._streams().follow(c.keys.stream(self.id), tail) as follower:
+            while True:
+                events = follower.next(_block_ms(give_up, timeout, self.id) / 1000)
+                if not events or has_final(events):  # ended, or a quiet spell: look
+                    with c._lookups:
+                        result = run_read(c.redis, result_read(c.keys, self.id))
+                    if result is not None:
+                        return result
 
 
 def _deadline(timeout: float | None) -> float | None:

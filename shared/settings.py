@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     # A worker serves /metrics, /healthz and /readyz on this port (off when unset).
     worker_metrics_port: int | None = Field(None, ge=0, le=65535)
     model_cache_dir: str | None = None
+    # Batches (RQ) keep their records and RQ's queues here. RQ does not run on a Redis
+    # Cluster, so with a cluster as redis_url this must name a plain Redis; unset, batches
+    # share redis_url.
+    batch_redis_url: str | None = None
     # Batches (RQ): lines of one batch in tokenq's queue or running at once, so a
     # batch leaves room in the queue (max_queued) for interactive traffic.
     batch_max_in_flight: int = Field(256, ge=1)

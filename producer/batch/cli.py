@@ -3,6 +3,7 @@ list and resend webhook deliveries."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -16,11 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from producer.batch import webhooks
-from producer.batch.context import Context
+from producer.batch.context import check_batch_redis, job_context
 from producer.batch.models import BatchStatus
 from producer.batch.ops import Batches
 from producer.cli_options import RedisOpt, cli_errors, settings_for
 from producer.client import Client
+from shared.settings import get_settings
 
 batch_app = typer.Typer(
     help="Batches of requests (OpenAI batch JSONL) and their webhooks.", no_args_is_help=True
@@ -110,9 +112,13 @@ def worker(
     """Run an RQ worker for batch jobs and webhook deliveries."""
     from producer.batch.worker import run_worker
 
-    settings = settings_for(redis_url)
-    connection = redis.Redis.from_url(settings.redis_url)
-    run_worker(Context(connection, settings), burst=burst, with_scheduler=scheduler)
+    with cli_errors(console, redis_url):
+        settings = settings_for(redis_url)
+        check_batch_redis(settings)
+        connection = redis.Redis.from_url(settings.batch_redis_url or settings.redis_url)
+    os.environ["TOKENQ_REDIS_URL"] = settings.redis_url  # for the jobs' settings
+    get_settings.cache_clear()
+    run_worker(job_context(connection, settings), burst=burst, with_scheduler=scheduler)
 
 
 @webhooks_app.command("list")

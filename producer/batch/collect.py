@@ -87,7 +87,7 @@ def collect(ctx: Context, batch_id: str, cancelling: bool = False) -> int:
 
 
 def _choices(ctx: Context, pending: dict[str, Pending]) -> dict[str, Choices]:
-    pipe = ctx.redis.pipeline(transaction=False)
+    pipe = ctx.main.pipeline(transaction=False)
     for p in pending.values():
         for request_id in p.ids:
             pipe.hmget(ctx.keys.request(request_id), RESULT_FIELDS)
@@ -142,7 +142,7 @@ def _line_result(ctx: Context, line: BatchLine, p: Pending, choices: Choices) ->
 def _streams(ctx: Context, results: list[Result]) -> list[list[Entry]]:
     """Each request's events, for the logprobs a line asked for (they are not kept in
     its result)."""
-    pipe = ctx.redis.pipeline(transaction=False)
+    pipe = ctx.main.pipeline(transaction=False)
     for result in results:
         pipe.xrange(ctx.keys.stream(result.id))
     return [[parse_entry(i, f) for i, f in entries] for entries in pipe.execute()]

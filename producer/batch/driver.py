@@ -31,7 +31,7 @@ def run_tick(ctx: Context, batch_id: str, job_id: str) -> bool:
     """Drive the batch for about ``batch_tick_s``; True once it has ended (or this job
     is no longer its driver), False when the next job should carry on."""
     give_up = time.monotonic() + ctx.settings.batch_tick_s
-    with ctx.redis.pubsub(ignore_subscribe_messages=True) as wakeups:  # type: ignore[no-untyped-call]
+    with ctx.main.pubsub(ignore_subscribe_messages=True) as wakeups:  # type: ignore[no-untyped-call]
         wakeups.subscribe(ctx.keys.lifecycle_channel())
         while True:
             m = store.meta(ctx, batch_id)

@@ -9,9 +9,10 @@ from rq import get_current_job
 from rq.job import Job
 
 from producer.batch import chain, driver, watch, webhooks
-from producer.batch.context import Context
+from producer.batch.context import Context, job_context
 from producer.batch.ops import batch_chain
 from shared.errors import NotFound
+from shared.settings import get_settings
 
 
 def advance_batch(batch_id: str) -> str:
@@ -51,4 +52,4 @@ def _job_and_context() -> tuple[Job, Context]:
     job = get_current_job()
     if job is None:
         raise RuntimeError("this function runs inside an RQ worker (tokenq batch worker)")
-    return job, Context(job.connection)
+    return job, job_context(job.connection, get_settings())

@@ -11,7 +11,7 @@ import orjson
 import redis
 
 from producer.batch import chain, driver, store, webhooks
-from producer.batch.context import Context
+from producer.batch.context import Context, batch_redis
 from producer.batch.lines import BatchInputError, parse_jsonl
 from producer.batch.models import BatchState, BatchStatus
 from producer.batch.store import Results
@@ -36,7 +36,8 @@ class Batches:
     """Batches on the Redis that ``client`` talks to (``Batches(Client())``)."""
 
     def __init__(self, client: Client, settings: Settings | None = None) -> None:
-        self.ctx = Context(client.redis, settings or client.settings)
+        s = settings or client.settings
+        self.ctx = Context(batch_redis(s, client.redis), s, client.redis)
 
     def submit(
         self,

@@ -15,7 +15,7 @@ import orjson
 import redis
 
 from producer.batch import chain, webhooks
-from producer.batch.context import Context
+from producer.batch.context import Context, batch_redis
 from producer.client import Client, Handle
 from producer.requests import validate_request
 from shared.errors import NotFound
@@ -40,7 +40,8 @@ def submit_with_webhook(
     settings: Settings | None = None,
 ) -> Handle:
     """Submit a request and POST its result to ``url`` (signed) once it ends."""
-    ctx = Context(client.redis, settings or client.settings)
+    s = settings or client.settings
+    ctx = Context(batch_redis(s, client.redis), s, client.redis)
     webhooks.check_url(url)
     webhooks.require_secret(ctx)
     req = validate_request(client.settings, request)
@@ -61,7 +62,7 @@ def watch(ctx: Context, request_id: str, url: str) -> None:
 def run_tick(ctx: Context, job_id: str) -> bool:
     """Sweep for about ``batch_tick_s``; True when this chain should end."""
     give_up, link = time.monotonic() + ctx.settings.batch_tick_s, watcher_chain(ctx)
-    with ctx.redis.pubsub(ignore_subscribe_messages=True) as wakeups:  # type: ignore[no-untyped-call]
+    with ctx.main.pubsub(ignore_subscribe_messages=True) as wakeups:  # type: ignore[no-untyped-call]
         wakeups.subscribe(ctx.keys.lifecycle_channel())
         while chain.is_driver(ctx, link, job_id):
             sweep(ctx)
@@ -77,7 +78,7 @@ def run_tick(ctx: Context, job_id: str) -> bool:
 def sweep(ctx: Context) -> int:
     """Send webhooks for watched requests that have ended; returns how many."""
     watched, sent = _watched(ctx), 0
-    pipe = ctx.redis.pipeline(transaction=False)
+    pipe = ctx.main.pipeline(transaction=False)
     for request_id in watched:
         pipe.hmget(ctx.keys.request(request_id), [*RESULT_FIELDS])
     for (request_id, url), raw in zip(watched.items(), pipe.execute(), strict=True):

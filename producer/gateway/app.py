@@ -10,18 +10,16 @@ from typing import Any
 
 import redis.asyncio
 from fastapi import FastAPI
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from producer.dashboard.routes import create_dashboard_router
 from producer.gateway import batches, health, native, openai_embeddings, openai_routes
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewayConfig, load_api_keys
 from producer.gateway.errors import install_error_handlers
-from producer.gateway.hub import StreamHub
+from producer.gateway.hub import gateway_hub
 from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.reaper import reap_forever
-from shared.connection import wait_for_redis_async
+from shared.connection import cluster_url, connect_async, wait_for_redis_async
 from shared.settings import Settings, get_settings
 from shared.version import VERSION
 
@@ -88,18 +86,21 @@ def _fix_responses(responses: dict[str, Any]) -> None:
 
 
 async def _start(settings: Settings, config: GatewayConfig) -> Backend:
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=config.max_redis_connections, timeout=10
-    )
-    connection = redis.asyncio.Redis.from_pool(pool)
-    # The hub's reader must not reconnect behind its back: CLIENT UNBLOCK targets its id.
-    reader = redis.asyncio.Redis.from_url(
-        settings.redis_url, single_connection_client=True, retry=Retry(NoBackoff(), 0)
-    )
-    hub = StreamHub(reader, connection, idle_s=config.idle_check_s)
+    connection = _connect(settings, config)
+    hub = gateway_hub(connection, idle_s=config.idle_check_s)
     hub.start()
     _log_access(config)
     return Backend(settings, config, connection, hub, GatewayMetrics())
+
+
+def _connect(settings: Settings, config: GatewayConfig) -> redis.asyncio.Redis:
+    """Requests wait for a free connection (up to 10 s) rather than fail at the limit;
+    on a cluster the limit holds per node."""
+    url, limit = settings.redis_url, config.max_redis_connections
+    if cluster_url(url, settings.redis_cluster) is not None:
+        return connect_async(url, settings.redis_cluster, max_connections=limit)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=limit, timeout=10)
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 def _log_access(config: GatewayConfig) -> None:

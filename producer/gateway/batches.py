@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from producer.batch.context import BatchRedisRequired
 from producer.batch.models import BatchStatus
 from producer.batch.ops import Batches
 from producer.batch.webhooks import WebhookNotConfigured
@@ -37,7 +38,12 @@ def _batches(request: Request) -> Batches:
     """One synchronous Batches per app (RQ is synchronous), made on first use."""
     state = request.app.state
     if getattr(state, "batches", None) is None:
-        state.batches = Batches(Client(settings=state.backend.settings))
+        client = Client(settings=state.backend.settings)
+        try:
+            state.batches = Batches(client)
+        except BatchRedisRequired as e:
+            client.close()
+            raise ApiError(503, str(e), type="service_unavailable", code="batches_off") from e
     batches: Batches = state.batches
     return batches
 

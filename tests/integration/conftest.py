@@ -7,15 +7,35 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import pytest
+import redis
 
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL
 
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]
+
+
+@dataclass
+class TokenqRedis:
+    """Where a test's tokenq runs: a URL for processes, a connection for the test."""
+
+    url: str
+    connection: redis.Redis
+
+
+@pytest.fixture(params=["redis-server", "redis-cluster"])
+def any_real_redis(request: pytest.FixtureRequest) -> TokenqRedis:
+    """Runs a test on a real redis-server and on a real 3-master Redis Cluster (flushed)."""
+    if request.param == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster").url
+        return TokenqRedis(url, request.getfixturevalue("cluster_redis"))
+    url = request.getfixturevalue("redis_server").url
+    return TokenqRedis(url, request.getfixturevalue("real_redis"))
 
 
 @pytest.fixture(scope="session")

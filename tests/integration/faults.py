@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,16 @@ def running_on(connection: redis.Redis, request_ids: list[str], pid: int) -> lis
         if state == b"running" and worker is not None and f"-{pid}-" in worker.decode():
             held.append(rid)
     return held
+
+
+def wait_all_done(client: Client, ids: list[str], timeout_s: float) -> None:
+    """Until every request has ended; on timeout, says where each one is."""
+    try:
+        wait_until(all_done(client, ids), timeout_s, "every request to end")
+    except AssertionError as e:
+        statuses = [client.handle(i).status() for i in ids]
+        where = Counter((s.state.value, s.attempts, s.num_generated > 0) for s in statuses)
+        raise AssertionError(f"{e}; (state, attempts, started) counts: {dict(where)}") from e
 
 
 def all_done(client: Client, ids: list[str]) -> Callable[[], bool]:

@@ -18,18 +18,20 @@ import pytest
 import redis
 
 from producer.client import Client, Handle
+from shared.connection import is_cluster
 from shared.errors import NotFound
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinishReason, RequestState
 from shared.settings import DEFAULT_MODEL, Settings
 from tests.conftest import serve
-from tests.integration.conftest import FAULT_ENV, WorkerFactory
+from tests.integration.conftest import FAULT_ENV, TokenqRedis, WorkerFactory
 from tests.integration.faults import (
     RedisProcess,
     all_done,
     audit_stream,
     redis_now_ms,
     running_on,
+    wait_all_done,
     wait_until,
 )
 
@@ -140,16 +142,18 @@ def report(capsys: pytest.CaptureFixture[str], **figures: object) -> None:
 
 
 def test_two_sigkills_lose_nothing_and_duplicate_nothing(
-    real_redis: redis.Redis,
+    any_real_redis: TokenqRedis,
     start_worker: WorkerFactory,
     reference: Reference,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    serve(real_redis, DEFAULT_MODEL)
-    client = Client(connection=real_redis, settings=Settings())
+    connection = any_real_redis.connection
+    serve(connection, DEFAULT_MODEL)
+    client = Client(connection=connection, settings=Settings())
+    # Enough that the restarted victim still finds work to be killed in.
     items = bodies(40, 48)
     handles = submit_all(client, items)
-    seqs = ("--max-num-seqs", "8")
+    seqs = ("--redis", any_real_redis.url, "--max-num-seqs", "8")
     victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
     ids = [h.id for h in handles]
     deaths: dict[str, list[int]] = {}  # request id -> when a worker holding it was killed
@@ -158,18 +162,19 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
         # killed right after claiming a reclaimed request would make it two).
         wait_until(partial(streaming_on, handles, victim, 4), 240, "a request mid-stream")
         victim.send_signal(signal.SIGKILL)
-        killed_ms = redis_now_ms(real_redis)
+        killed_ms = redis_now_ms(connection)
         victim.wait(timeout=30)
         # Read before its leases lapse and the reaper puts its requests back.
-        for rid in running_on(real_redis, ids, victim.pid):
+        for rid in running_on(connection, ids, victim.pid):
             deaths.setdefault(rid, []).append(killed_ms)
         victim = start_worker(*seqs, env=FAULT_ENV)
-    wait_until(all_done(client, ids), 600, "every request to end")
-    check_streams(real_redis, handles, reference(items))
-    silent = silences(real_redis, handles, deaths)
+    wait_all_done(client, ids, 600)
+    check_streams(connection, handles, reference(items))
+    silent = silences(connection, handles, deaths)
     report(
         capsys,
         test="sigkill",
+        redis="cluster" if is_cluster(connection) else "single",
         submitted=len(handles),
         workers_killed=2,
         requests_on_killed_workers=len(deaths),

@@ -1,6 +1,6 @@
-"""Several gateway processes on one Redis: they share every request, so a native stream
-whose gateway is killed resumes on another with Last-Event-ID, and any gateway reads or
-cancels a request submitted on another."""
+"""Several gateway processes on one Redis (and on one Redis Cluster): they share every
+request, so a native stream whose gateway is killed resumes on another with
+Last-Event-ID, and any gateway reads or cancels a request submitted on another."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from collections.abc import Callable, Iterator
 import httpx
 import orjson
 import pytest
-import redis
 
-from producer.embedded import EmbeddedRedis
 from shared.settings import Settings
+from tests.integration.conftest import TokenqRedis
 from tests.producer.gateway.process import gateway_process, started_gateway
 from tests.producer.gateway.scripted import MODEL, ScriptedWorker, expected_text
 from tests.producer.gateway.sse_client import Message, messages
@@ -24,10 +23,9 @@ READ_BEFORE_KILL = 10
 
 
 @pytest.fixture
-def worker(redis_server: EmbeddedRedis) -> Iterator[ScriptedWorker]:
-    redis.Redis.from_url(redis_server.url).flushall()
-    settings = Settings(redis_url=redis_server.url)
-    w = ScriptedWorker(redis_server.url, settings, step_s=0.02, num_tokens=NUM_TOKENS).start()
+def worker(any_real_redis: TokenqRedis) -> Iterator[ScriptedWorker]:
+    url = any_real_redis.url
+    w = ScriptedWorker(url, Settings(redis_url=url), step_s=0.02, num_tokens=NUM_TOKENS).start()
     yield w
     w.stop()
 
@@ -61,11 +59,11 @@ def _read_until_killed(
 
 
 def test_a_stream_resumes_on_another_gateway_after_its_gateway_is_killed(
-    redis_server: EmbeddedRedis, worker: ScriptedWorker
+    any_real_redis: TokenqRedis, worker: ScriptedWorker
 ) -> None:
     with (
-        started_gateway(redis_server.url) as (a_url, a_proc),
-        gateway_process(redis_server.url) as b_url,
+        started_gateway(any_real_redis.url) as (a_url, a_proc),
+        gateway_process(any_real_redis.url) as b_url,
         httpx.Client(base_url=a_url, timeout=10) as a,
         httpx.Client(base_url=b_url, timeout=10) as b,
     ):
@@ -85,12 +83,12 @@ def test_a_stream_resumes_on_another_gateway_after_its_gateway_is_killed(
 
 
 def test_a_request_submitted_on_one_gateway_is_read_and_cancelled_on_another(
-    redis_server: EmbeddedRedis, worker: ScriptedWorker
+    any_real_redis: TokenqRedis, worker: ScriptedWorker
 ) -> None:
     worker.num_tokens = 100_000
     with (
-        gateway_process(redis_server.url) as a_url,
-        gateway_process(redis_server.url) as b_url,
+        gateway_process(any_real_redis.url) as a_url,
+        gateway_process(any_real_redis.url) as b_url,
         httpx.Client(base_url=a_url, timeout=10) as a,
         httpx.Client(base_url=b_url, timeout=10) as b,
     ):

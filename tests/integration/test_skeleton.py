@@ -1,18 +1,18 @@
-"""The walking skeleton end to end: a real redis-server, a real worker process on the
-default model, requests over all four priorities from producer.Client."""
+"""The walking skeleton end to end: a real redis-server (and a real Redis Cluster), a
+real worker process on the default model, requests over all four priorities from
+producer.Client."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import redis
 
 from producer.client import Client, Handle
 from shared.models import FinalEvent, FinishReason, RequestState, StreamEvent, TokenEvent
 from shared.settings import DEFAULT_MODEL, Settings
 from tests.conftest import serve
-from tests.integration.conftest import WorkerFactory
+from tests.integration.conftest import TokenqRedis, WorkerFactory
 from tests.reference import greedy_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -36,15 +36,16 @@ def _submit(client: Client, priority: str, text: str, chat: bool) -> Handle:
 
 
 def test_requests_over_all_priorities_stream_back_exactly_what_generate_gives(
-    real_redis: redis.Redis, start_worker: WorkerFactory, default_model_dir: Path
+    any_real_redis: TokenqRedis, start_worker: WorkerFactory, default_model_dir: Path
 ) -> None:
-    serve(real_redis, DEFAULT_MODEL)  # as a worker that served it before would have
-    client = Client(connection=real_redis, settings=Settings())
+    connection = any_real_redis.connection
+    serve(connection, DEFAULT_MODEL)  # as a worker that served it before would have
+    client = Client(connection=connection, settings=Settings())
     handles = [_submit(client, p, text, chat) for p, text, chat in PROMPTS]
     never = client.submit("this one is cancelled before it runs", priority="critical")
     assert never.cancel() == "cancelled"
 
-    worker = start_worker("--max-num-seqs", "2", "--burst")
+    worker = start_worker("--redis", any_real_redis.url, "--max-num-seqs", "2", "--burst")
     first = handles[0]
     live = list(first.stream(timeout=300))  # as it generates; the rest once all have ended
     assert worker.wait(timeout=300) == 0, "the worker failed; see its log in the test's tmp dir"

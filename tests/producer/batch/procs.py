@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
-import redis
 
+from shared.connection import connect
 from shared.settings import Settings
 from tests.worker.fakes import ScriptedEngine
 from worker.engine import RequestOutput
@@ -74,7 +74,7 @@ class SlowEngine(ScriptedEngine):
 def tokenq_worker(url: str, model: str, step_s: float = 0.0) -> Iterator[SlowEngine]:
     """A scripted tokenq worker serving ``model`` in a thread until the block ends."""
     engine = SlowEngine(max_num_seqs=8, step_s=step_s)
-    service = WorkerService(engine, redis.Redis.from_url(url), Settings(redis_url=url), model, "w1")
+    service = WorkerService(engine, connect(url), Settings(redis_url=url), model, "w1")
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
     try:
@@ -87,8 +87,8 @@ def tokenq_worker(url: str, model: str, step_s: float = 0.0) -> Iterator[SlowEng
 class RqWorkers:
     """Starts ``tokenq batch worker`` processes, each in its own process group."""
 
-    def __init__(self, url: str, log_dir: Path) -> None:
-        self.url, self.log_dir = url, log_dir
+    def __init__(self, url: str, log_dir: Path, **env: str) -> None:
+        self.url, self.log_dir, self.env = url, log_dir, env
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[IO[bytes]] = []
 
@@ -99,7 +99,7 @@ class RqWorkers:
             cmd,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **RQ_ENV},
+            env={**os.environ, **RQ_ENV, **self.env},
             start_new_session=True,
         )
         self.procs.append(proc)

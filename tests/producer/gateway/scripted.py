@@ -8,9 +8,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import redis
-
 from shared.calls import Claimed, TokenPublish, finish_call, publish_calls
+from shared.connection import close, connect, is_cluster
 from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent, Usage, dumps
@@ -53,7 +52,8 @@ class ScriptedWorker:
     _thread: threading.Thread | None = None
 
     def __post_init__(self) -> None:
-        self.redis = redis.Redis.from_url(self.url)
+        self.redis = connect(self.url, self.settings.redis_cluster)
+        self.cluster = is_cluster(self.redis)
         self.keys = Keys(self.settings.namespace)
         self.scripts = Scripts(self.redis)
         self.tag = model_tag(self.model)
@@ -89,7 +89,7 @@ class ScriptedWorker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.redis.close()
+        close(self.redis)
 
     def _loop(self) -> None:
         last_beat = time.monotonic()
@@ -113,8 +113,8 @@ class ScriptedWorker:
             return
         sizes = [min(self.tokens_per_entry, self._limit(r) - r.num_sent) for r in runs]
         events = [self._event(r, n) for r, n in zip(runs, sizes, strict=True)]
-        (call,) = publish_calls(self.keys, events, one_per_request=False)
-        codes = self.scripts.run(call)
+        calls = publish_calls(self.keys, events, self.cluster)
+        codes = [code for reply in self.scripts.send(calls) for code in reply]
         for run, n, code in zip(runs, sizes, codes, strict=True):
             run.num_sent += n
             if int(code) == 2:

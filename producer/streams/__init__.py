@@ -1,0 +1,1 @@
+"""Following many request streams on few Redis connections (clients and gateway)."""
