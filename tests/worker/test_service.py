@@ -292,7 +292,7 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     """A dead worker held streams mid-answer and urgent requests it had not started yet.
     A busy worker's rows kept for resumed streams go to the streams a reader is waiting
     on; the unstarted requests wait among new work (they showed nobody anything)."""
-    settings = Settings()
+    settings = Settings(publish_coalesce_ms=0)  # each step's token is written at once
     serve(fake_redis, MODEL)
     client = Client(connection=fake_redis, settings=settings)
     dying = WorkerService(ScriptedEngine(max_num_seqs=4), fake_redis, settings, MODEL, "w-dead")
