@@ -65,6 +65,7 @@ def enqueue_call(
             keys.deadlines(tag),
             keys.served(tag),
             keys.owners(tag),
+            keys.loras(tag),
         ],
         [
             request_id,
@@ -74,6 +75,7 @@ def enqueue_call(
             req.model,
             keys.lifecycle_channel(),
             "1" if settings.require_known_model else "0",
+            req.lora or "",
         ],
     )
 

@@ -121,6 +121,7 @@ class Heartbeat(threading.Thread):
                 stats.get("prefix_cache_hits", 0) / max(stats.get("prefix_cache_queries", 0), 1), 3
             ),
             "state": "draining" if self.service.stopping.is_set() else "serving",
+            "loras": ",".join(self.service.engine.resident_loras()),
         }
 
     def deregister(self) -> None:

@@ -19,6 +19,7 @@ from producer.requests import validate_request
 from shared.errors import NotFound
 from shared.flows import accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys
+from shared.loras import split_model
 from shared.models import TENANT, GenerationRequest, RequestStatus, Result
 from shared.reads import run_read_async, view_read
 from shared.replies import text
@@ -61,6 +62,16 @@ class Backend:
         if not enqueued.duplicate:
             self.metrics.accepted(request.model, request.priority, api)
         return Submitted(enqueued.request_id, enqueued.duplicate, request)
+
+    async def with_adapter(self, request: GenerationRequest) -> GenerationRequest:
+        """``model: "base:adapter"`` (an OpenAI body's way to name a LoRA adapter) as
+        model ``base`` with ``lora`` set, unless a live worker serves the whole name."""
+        split = None if request.lora else split_model(request.model)
+        if split is None or request.model in await self.registry.live():
+            return request
+        base, adapter = split
+        data = {**request.model_dump(), "model": base, "lora": adapter}
+        return validate_request(self.settings, data)
 
     async def view(
         self, request_id: str, scope: str | None = None

@@ -23,6 +23,7 @@ from shared.errors import (
     QueueFull,
     RequestTimeout,
     TokenqError,
+    UnknownAdapter,
     UnknownModel,
 )
 
@@ -128,6 +129,8 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         return ApiError(
             404, str(exc), type="not_found_error", param="model", code="model_not_found"
         )
+    if isinstance(exc, UnknownAdapter):
+        return ApiError(404, str(exc), type="not_found_error", param="model", code="lora_not_found")
     if isinstance(exc, NotFound):
         return ApiError(404, str(exc), type="not_found_error", code="request_not_found")
     if isinstance(exc, InvalidRequest):
