@@ -3,9 +3,10 @@
     python bench/lora_ops.py [--tokens 32 512] [--loras 4] [--rank 16]
 
 Shapes are the default model's q/k/v site (576 in; 576 + 192 + 192 out). Each row
-uses one of ``--loras`` adapters or none (a quarter of the rows). Printed: each
-method's time per call against the base projection's own matmul, for a decode-sized
-and a prefill-sized step. ``masked`` is what worker/engine/lora.py does.
+uses one of ``--loras`` adapters or none, at random. Printed: each method's time per
+call against the base projection's own matmul, for a decode-sized and a prefill-sized
+step (``--threads`` sets torch's threads). ``grouped`` is what worker/engine/lora.py
+does.
 """
 
 from __future__ import annotations
@@ -50,72 +51,97 @@ def main() -> None:
     args = _args()
     torch.manual_seed(0)
     buffers = _SiteBuffers(SITE, args.loras, args.rank, dtype=torch.float32)
-    adapters = _adapters(args.loras, args.rank)
-    for slot, weights in enumerate(adapters, start=1):
+    for slot, weights in enumerate(_adapters(args.loras, args.rank), start=1):
         buffers.write(slot, 0, weights)
     weight = torch.randn(sum(SITE.out_features), SITE.in_features)
-    a = buffers.a.view(args.loras, len(SITE.parts) * args.rank, -1)
     for num_tokens in args.tokens:
         x = torch.randn(num_tokens, SITE.in_features)
         slots = torch.randint(0, args.loras + 1, (num_tokens,))
         with torch.inference_mode():
-            _report(buffers, a, weight, x, slots, args)
+            _report(buffers, weight, x, slots, args)
 
 
 def _report(
     buffers: _SiteBuffers,
-    a: torch.Tensor,
     weight: torch.Tensor,
     x: torch.Tensor,
     slots: torch.Tensor,
     args: argparse.Namespace,
 ) -> None:
+    groups, rows = _groups(slots, args.loras)
+    a_rows = buffers.at.transpose(1, 2).reshape(-1, SITE.in_features).contiguous()
     mask = (slots[:, None] == torch.arange(1, args.loras + 1)[None]).float()
-    masked = buffers.delta(x, mask)
-    for other in (_segmented(buffers, a, x, slots), _gathered(buffers, a, x, slots)):
-        torch.testing.assert_close(other, masked, rtol=1e-4, atol=1e-3)
-    base = _time(lambda: functional.linear(x, weight))
-    timings = {
-        "masked (dense over the slots)": _time(lambda: buffers.delta(x, mask)),
-        "segmented (per adapter)": _time(lambda: _segmented(buffers, a, x, slots)),
-        "gathered (bmm per token)": _time(lambda: _gathered(buffers, a, x, slots)),
+    methods: dict[str, Callable[[], torch.Tensor]] = {
+        "grouped (bmm over the adapters' row groups; the engine's)": lambda: _grouped(
+            buffers, x, groups, rows
+        ),
+        "masked (dense over every slot, one-hot mask)": lambda: _masked(buffers, a_rows, x, mask),
+        "segmented (a matmul pair per adapter)": lambda: _segmented(buffers, x, slots),
+        "gathered (each token's own A and B, bmm)": lambda: _gathered(buffers, x, slots),
     }
+    results = [method() for method in methods.values()]
+    for other in results[1:]:
+        torch.testing.assert_close(other, results[0], rtol=1e-4, atol=1e-3)
+    base = _time(lambda: functional.linear(x, weight))
     print(
-        f"{x.shape[0]} tokens, {args.loras} adapters, rank {args.rank}: "
-        f"base matmul {base * 1e6:.0f} us (the three agree)"
+        f"{x.shape[0]} tokens, {args.loras} adapters, rank {args.rank}, "
+        f"torch threads {torch.get_num_threads()}: base matmul {base * 1e6:.0f} us "
+        "(the four agree)"
     )
-    for name, seconds in timings.items():
+    for name, method in methods.items():
+        seconds = _time(method)
         print(f"  {name}: {seconds * 1e6:.0f} us = {seconds / base:.2f}x the base matmul")
 
 
-def _segmented(
-    buffers: _SiteBuffers, a: torch.Tensor, x: torch.Tensor, slots: torch.Tensor
+def _groups(slots: torch.Tensor, num_loras: int) -> tuple[torch.Tensor, torch.Tensor]:
+    members = [(slots == s).nonzero().squeeze(1).tolist() for s in range(1, num_loras + 1)]
+    width, pad = max(len(m) for m in members), slots.shape[0]
+    groups = [[*m, *[pad] * (width - len(m))] for m in members]
+    rows = [i if i < pad else 0 for g in groups for i in g]
+    return torch.tensor(groups), torch.tensor(rows)
+
+
+def _grouped(
+    buffers: _SiteBuffers, x: torch.Tensor, groups: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
-    out = torch.zeros(x.shape[0], sum(SITE.out_features))
+    out = x.new_zeros(x.shape[0], sum(SITE.out_features))
+    return out.index_add_(0, rows, buffers.delta(x, groups).view(-1, out.shape[1]))
+
+
+def _masked(
+    buffers: _SiteBuffers, a_rows: torch.Tensor, x: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    num_tokens, n, rank = x.shape[0], mask.shape[1], buffers.rank
+    xa = functional.linear(x, a_rows).view(num_tokens, n, len(SITE.parts), rank)
+    xa = xa * mask[:, :, None, None]
+    outs = [
+        xa[:, :, p, :].reshape(num_tokens, n * rank) @ bt.reshape(n * rank, -1)
+        for p, bt in enumerate(buffers.bt)
+    ]
+    return torch.cat(outs, dim=-1)
+
+
+def _segmented(buffers: _SiteBuffers, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    out = x.new_zeros(x.shape[0], sum(SITE.out_features))
     rank = buffers.rank
-    for slot in range(1, a.shape[0] + 1):
+    for slot in range(1, buffers.at.shape[0] + 1):
         rows = (slots == slot).nonzero().squeeze(1)
         if rows.numel() == 0:
             continue
-        xa = x[rows] @ a[slot - 1].T
-        parts = [
-            xa[:, p * rank : (p + 1) * rank] @ bt[(slot - 1) * rank : slot * rank]
-            for p, bt in enumerate(buffers.bt)
-        ]
+        xa = x[rows] @ buffers.at[slot - 1]
+        parts = [xa[:, p * rank : (p + 1) * rank] @ bt[slot - 1] for p, bt in enumerate(buffers.bt)]
         out.index_add_(0, rows, torch.cat(parts, dim=-1))
     return out
 
 
-def _gathered(
-    buffers: _SiteBuffers, a: torch.Tensor, x: torch.Tensor, slots: torch.Tensor
-) -> torch.Tensor:
+def _gathered(buffers: _SiteBuffers, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     rank, index = buffers.rank, (slots - 1).clamp(min=0)
     keep = (slots > 0).to(x.dtype)[:, None, None]
-    xa = torch.bmm(a[index], x[:, :, None]) * keep  # [T, parts * rank, 1]
-    parts = []
-    for p, bt in enumerate(buffers.bt):
-        b = bt.view(a.shape[0], rank, -1)[index]  # [T, rank, out_p]
-        parts.append(torch.bmm(xa[:, p * rank : (p + 1) * rank].transpose(1, 2), b)[:, 0])
+    xa = torch.bmm(x[:, None, :], buffers.at[index]) * keep  # [T, 1, parts * rank]
+    parts = [
+        torch.bmm(xa[:, :, p * rank : (p + 1) * rank], bt[index])[:, 0]
+        for p, bt in enumerate(buffers.bt)
+    ]
     return torch.cat(parts, dim=-1)
 
 
@@ -124,7 +150,11 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, nargs="+", default=[32, 512])
     parser.add_argument("--loras", type=int, default=4)
     parser.add_argument("--rank", type=int, default=16)
-    return parser.parse_args()
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
 
 
 if __name__ == "__main__":

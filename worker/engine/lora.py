@@ -3,16 +3,18 @@
 The store keeps, per decoder layer and per projection site (q/k/v fused, o, gate/up
 fused, down), every resident adapter's ``A`` stacked into one tensor and each
 part's ``B`` (scaling folded in) into another, zero-padded to ``max_lora_rank``:
-slot ``s`` (1..max_loras) owns its rows, slot 0 means no adapter. A step's
-:class:`LoraBatch` holds a one-hot ``[tokens, n]`` mask of which slot each token
-uses; a site's delta is then two dense matmuls over the ``n`` slots in use
-(``x @ A.T``, masked, ``@ B.T``), whatever the mix of adapters and base rows.
+slot ``s`` (1..max_loras) owns index ``s - 1``; rows of no adapter take no part. A
+step's :class:`LoraBatch` groups the token rows by slot (padded to the largest group
+with a zero row); a site's delta is then one gather of ``x``, two batched matmuls over
+the groups (``x_g @ A_g.T @ B_g.T``) and one ``index_add`` into the base output,
+whatever the mix of adapters and base rows: a handful of ops, and only the rows that
+use an adapter are computed.
 
-Why dense and masked rather than gathering each token's ``A`` and ``B`` (bmm) or one
-matmul pair per adapter (segments): on the CPU the gather copies ``tokens x rank x
-hidden`` floats per site and layer, and segments cost a handful of small ops per
-adapter per site per layer; the masked form is a few ops per site whatever the mix.
-``bench/lora_ops.py`` measures the three in one run.
+Measured on the CPU (``bench/lora_ops.py``, q/k/v of the default model, 4 adapters of
+rank 16), this grouped form beat a dense one over all slots with a one-hot mask
+(every row times every adapter), one matmul pair per adapter (a few small ops per
+adapter, site and layer), and gathering each token's own ``A`` and ``B`` for a bmm
+(a ``tokens x rank x hidden`` copy per site and layer).
 
 Adapters load on demand (read from disk when a request brings one that is not
 resident); once ``max_loras`` are resident the least recently used one that the
@@ -25,10 +27,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
-from torch.nn import functional
 
 from worker.engine.lora_weights import AdapterError, LoraWeights, load_adapter
 from worker.engine.request import LoraRef
@@ -62,53 +64,56 @@ def llama_sites(layer: Any) -> list[Site]:
 
 
 class _SiteBuffers:
-    """One site of one layer: ``a`` is ``[max_loras * parts * rank, in]``; ``bt[p]``
-    is ``[max_loras * rank, out_p]`` (B transposed, scaled)."""
+    """One site of one layer: ``at`` is ``[max_loras, in, parts * rank]`` (A transposed,
+    each part's rows side by side); ``bt[p]`` is ``[max_loras, rank, out_p]`` (B
+    transposed, scaled). Slot ``s`` is index ``s - 1``."""
 
     def __init__(self, site: Site, max_loras: int, rank: int, **like: Any) -> None:
         self.site = site
         self.rank = rank
-        self.a = torch.zeros(max_loras * len(site.parts) * rank, site.in_features, **like)
-        self.bt = [torch.zeros(max_loras * rank, out, **like) for out in site.out_features]
+        num_parts = len(site.parts)
+        self.at = torch.zeros(max_loras, site.in_features, num_parts * rank, **like)
+        self.bt = [torch.zeros(max_loras, rank, out, **like) for out in site.out_features]
 
     def write(self, slot: int, layer: int, weights: LoraWeights) -> None:
-        rank, num_parts = self.rank, len(self.site.parts)
-        base = (slot - 1) * num_parts * rank
-        self.a[base : base + num_parts * rank].zero_()
+        self.at[slot - 1].zero_()
         for p, name in enumerate(self.site.parts):
-            rows = slice((slot - 1) * rank, slot * rank)
-            self.bt[p][rows].zero_()
+            self.bt[p][slot - 1].zero_()
             pair = weights.pairs.get((layer, name))
             if pair is None:
                 continue  # the adapter leaves this projection alone
             a, b = pair
             r = a.shape[0]
-            self.a[base + p * rank : base + p * rank + r].copy_(a)
-            self.bt[p][rows.start : rows.start + r].copy_(b.T)
+            self.at[slot - 1, :, p * self.rank : p * self.rank + r].copy_(a.T)
+            self.bt[p][slot - 1, :r].copy_(b.T)
 
-    def delta(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        num_tokens, n = x.shape[0], mask.shape[1]
-        num_parts, rank = len(self.site.parts), self.rank
-        xa = functional.linear(x, self.a[: n * num_parts * rank])
-        xa = xa.view(num_tokens, n, num_parts, rank) * mask[:, :, None, None]
+    def delta(self, x: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        """``[n, rows, out]``: group ``g`` (slot ``g + 1``) of ``x``'s rows times its
+        adapter; ``groups`` indexes ``x`` with one zero row appended (the padding)."""
+        n, rank = groups.shape[0], self.rank
+        padded = torch.cat([x, x.new_zeros(1, x.shape[1])])
+        xa = torch.bmm(padded[groups], self.at[:n])
         outs = [
-            xa[:, :, p, :].reshape(num_tokens, n * rank) @ self.bt[p][: n * rank]
-            for p in range(num_parts)
+            torch.bmm(xa[:, :, p * rank : (p + 1) * rank], bt[:n]) for p, bt in enumerate(self.bt)
         ]
-        return outs[0] if num_parts == 1 else torch.cat(outs, dim=-1)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
 class LoraBatch:
-    """One step's adapters: which slot each token uses, as a ``[tokens, n]`` mask."""
+    """One step's adapters: the rows of each slot in use, as ``groups`` ``[n, rows]``
+    (padded with the index of a zero row) and where each lands, ``rows`` ``[n * rows]``
+    (padding lands on row 0 and adds zeros)."""
 
-    def __init__(self, store: LoraStore, mask: torch.Tensor) -> None:
+    def __init__(self, store: LoraStore, groups: torch.Tensor, rows: torch.Tensor) -> None:
         self.store = store
-        self.mask = mask
+        self.groups = groups
+        self.rows = rows
 
     def add(self, layer: int, site: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` (the site's base output for input ``x``) plus each row's delta."""
-        buffers = self.store.buffers[layer][site]
-        return y + buffers.delta(x, self.mask).to(y.dtype)
+        delta = self.store.buffers[layer][site].delta(x, self.groups)
+        # In place: y is the projection's fresh output, read by nothing else yet.
+        return y.index_add_(0, self.rows, delta.view(-1, y.shape[1]).to(y.dtype))
 
 
 def apply_lora(
@@ -159,14 +164,17 @@ class LoraStore:
         if not any(refs):
             return None
         slots = self._slots_for([r for r in refs if r is not None])
-        token_slots = [
-            slots[r] if r else 0 for r, n in zip(refs, num_tokens, strict=True) for _ in range(n)
-        ]
-        index = torch.tensor(token_slots, device=self.device)
-        n = max(token_slots)
-        columns = torch.arange(1, n + 1, device=self.device)
-        mask = (index[:, None] == columns[None, :]).to(self.dtype)
-        return LoraBatch(self, mask)
+        members: list[list[int]] = [[] for _ in range(max(slots.values()))]
+        token = 0
+        for ref, n in zip(refs, num_tokens, strict=True):
+            if ref is not None:
+                members[slots[ref] - 1].extend(range(token, token + n))
+            token += n
+        width = max(len(m) for m in members)
+        groups = [[*m, *[token] * (width - len(m))] for m in members]  # token: the zero row
+        rows = [i if i < token else 0 for group in groups for i in group]
+        tensor = partial(torch.tensor, dtype=torch.long, device=self.device)
+        return LoraBatch(self, tensor(groups), tensor(rows))
 
     def _slots_for(self, refs: list[LoraRef]) -> dict[LoraRef, int]:
         slots: dict[LoraRef, int] = {}
