@@ -4,6 +4,9 @@ merged in: the references the LoRA tests compare against."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,17 @@ class AdapterSpec:
 
 SPECS = (
     AdapterSpec("poet", 1, 8, 16, tuple(ALL_PROJECTIONS)),
-    AdapterSpec("pirate", 2, 4, 4, ("q_proj", "v_proj", "down_proj")),
+    AdapterSpec("pirate", 2, 4, 16, ("q_proj", "v_proj", "down_proj")),
     AdapterSpec("clerk", 3, 8, 32, ("o_proj", "gate_proj", "up_proj")),
 )
+
+
+@contextmanager
+def _peft_quietly() -> Iterator[None]:
+    """peft reads attributes transformers has deprecated (FutureWarning); not ours to fix."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
 
 
 def _base(model_path: str) -> Any:
@@ -48,13 +59,15 @@ def make_adapter(model_path: str, spec: AdapterSpec, out_dir: Path) -> Path:
         init_lora_weights=False,  # random A and B: the adapter changes the output
         lora_dropout=0.0,
     )
-    peft_model = get_peft_model(_base(model_path), config)
+    with _peft_quietly():
+        peft_model = get_peft_model(_base(model_path), config)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
                 param.mul_(0.5)  # strong enough to change tokens, not so strong as to be noise
     path = out_dir / spec.name
-    peft_model.save_pretrained(str(path))
+    with _peft_quietly():
+        peft_model.save_pretrained(str(path))
     return path
 
 
@@ -66,7 +79,8 @@ def merged_greedy(
 
     model = _base(model_path)
     if adapter is not None:
-        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        with _peft_quietly():
+            model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     outputs = []
     with torch.inference_mode():
         for prompt in prompts:
