@@ -3,6 +3,7 @@
     python bench/engine.py             # mixed200, every peer (~15 min on 2 quiet cores)
     python bench/engine.py --quick     # mixed32, static-32 peer only
     python bench/engine.py --device cuda --repeat 10   # 2,000 requests on a GPU
+    python bench/engine.py --quick --loras 4   # spread over 4 LoRA adapters vs the base
 
 Figures are useful new tokens per second (each request's own budget, ``ignore_eos``,
 greedy; fp32 on the CPU, bf16 on CUDA) over the whole workload, every request
@@ -312,9 +313,14 @@ def main() -> None:
             num_threads=args.threads,
             kv_cache_mib=args.kv_cache_mib,
             enforce_eager=args.enforce_eager,
+            max_loras=max(args.loras, EngineConfig.max_loras),
         )
     )
     items = load(Path(args.workload), engine) * args.repeat
+    if args.loras:
+        from bench.lora_mix import report_loras
+
+        return report_loras(engine, [r for _, r in at_once(items)], args.loras, drain)
     print(
         f"{Path(args.workload).name}: {len(items)} requests, "
         f"{sum(it.max_tokens for it in items)} new tokens, "
@@ -351,6 +357,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-priority", action="store_true")
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--skip-static", action="store_true", help="no static-batch peer")
+    parser.add_argument("--loras", type=int, default=0, help="only: N adapters vs the base")
     args = parser.parse_args()
     if args.workload is None:
         args.workload = str(WORKLOADS / ("mixed32.jsonl" if args.quick else "mixed200.jsonl"))

@@ -19,6 +19,7 @@ from producer.cli_options import RedisOpt, cli_errors, settings_for
 from producer.client import Client, Handle
 from producer.dashboard.cli import dashboard
 from producer.gateway.cli import gateway
+from producer.lora_cli import lora_app
 from producer.usage_cli import usage
 from shared.models import FinalEvent, TokenEvent
 from shared.settings import DEFAULT_MODEL
@@ -43,6 +44,8 @@ def worker(
     pooling: Annotated[
         str, typer.Option(help="how embeddings pool the last hidden state: mean, last or cls")
     ] = "mean",
+    max_loras: Annotated[int, typer.Option(help="LoRA adapters resident at once")] = 4,
+    max_lora_rank: Annotated[int, typer.Option(help="the largest adapter rank it loads")] = 16,
     burst: Annotated[bool, typer.Option(help="exit once the queue is empty")] = False,
     enforce_eager: Annotated[
         bool, typer.Option(help="on CUDA, run every step eagerly (no CUDA graphs)")
@@ -62,6 +65,8 @@ def worker(
         max_num_seqs=max_num_seqs,
         kv_cache_mib=kv_cache_mib,
         pooling=pooling,
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
         burst=burst,
         enforce_eager=enforce_eager,
     )
@@ -96,12 +101,18 @@ def submit(
     temperature: float = 0.0,
     raw: Annotated[bool, typer.Option(help="send as a plain prompt, not a chat message")] = False,
     stream: Annotated[bool, typer.Option(help="print tokens as they arrive")] = False,
+    lora: Annotated[str | None, typer.Option(help="a LoRA adapter registered for MODEL")] = None,
 ) -> None:
     """Submit PROMPT and print the answer."""
     with cli_errors(console, redis_url), _client(redis_url) as client:
         text = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
         handle = client.submit(
-            **text, model=model, priority=priority, max_tokens=max_tokens, temperature=temperature
+            **text,
+            model=model,
+            priority=priority,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            lora=lora,
         )
         console.print(f"[dim]request {handle.id} queued at position {handle.position()}[/]")
         _print_stream(handle) if stream else _print_result(handle)
@@ -110,6 +121,7 @@ def submit(
 dead_app = typer.Typer(help="The dead-letter set: requests that could not be run.")
 app.add_typer(dead_app, name="dead")
 app.add_typer(batch_app, name="batch")
+app.add_typer(lora_app, name="lora")
 app.command()(dashboard)
 app.command()(gateway)
 app.command()(usage)

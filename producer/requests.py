@@ -26,12 +26,15 @@ def build_request(
     deadline: float | datetime | None = None,
     idempotency_key: str | None = None,
     metadata: Mapping[str, MetadataValue] | None = None,
+    lora: str | None = None,
     **sampling: Any,
 ) -> GenerationRequest:
     """A validated request from ``submit``'s arguments; ``deadline`` is seconds from now
-    or an aware datetime. Raises InvalidRequest saying which field was wrong."""
+    or an aware datetime; ``lora`` names a LoRA adapter registered for the model.
+    Raises InvalidRequest saying which field was wrong."""
     fields = {
         "model": model or settings.default_model,
+        "lora": lora,
         "prompt": prompt,
         "messages": messages,
         "priority": priority,

@@ -70,6 +70,7 @@ def enqueue_call(
             keys.owners(tag),
             keys.fair_clock(tag),
             keys.fair_tags(tag),
+            keys.loras(tag),
         ],
         [
             request_id,
@@ -81,6 +82,7 @@ def enqueue_call(
             "1" if settings.require_known_model else "0",
             fair_member(req.priority, req.tenant),
             units(estimated_tokens(req), req.weight),
+            req.lora or "",
         ],
     )
 

@@ -44,6 +44,18 @@ class UnknownModel(InvalidRequest):
         self.model = model
 
 
+class UnknownAdapter(InvalidRequest):
+    """The request names a LoRA adapter that is not registered for its model."""
+
+    def __init__(self, model: str, name: str) -> None:
+        super().__init__(
+            f"LoRA adapter {name!r} is not registered for model {model!r}: register it with "
+            f"`tokenq lora add {model} {name} PATH` (GET /v1/models lists the adapters)"
+        )
+        self.model = model
+        self.name = name
+
+
 class NotFound(TokenqError, KeyError):
     """No such request (never existed, or expired)."""
 

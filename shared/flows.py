@@ -30,7 +30,7 @@ from shared.calls import (
     start_call,
     withdraw_call,
 )
-from shared.errors import NotFound, QueueFull, UnknownModel
+from shared.errors import NotFound, QueueFull, TokenqError, UnknownAdapter, UnknownModel
 from shared.keys import REQUEST_TAG_CHARS, Keys, idempotency_digest, new_request_id, tag_of
 from shared.models import GenerationRequest
 from shared.replies import text
@@ -66,7 +66,7 @@ async def drive_async(scripts: AsyncScripts, flow: Flow[T]) -> T:
 class Enqueued:
     request_id: str
     duplicate: bool
-    refused: str = ""  # 'full' or 'unknown_model': not queued (and withdrawn)
+    refused: str = ""  # 'full', 'unknown_model' or 'unknown_lora': not queued (and withdrawn)
 
 
 def enqueue_flow(
@@ -99,14 +99,21 @@ def enqueue_flow(
 def accepted(
     enqueued: list[Enqueued], reqs: list[GenerationRequest], settings: Settings
 ) -> list[str]:
-    """The ids, or QueueFull / UnknownModel for the first refused request (those
-    before it stay accepted)."""
+    """The ids, or QueueFull / UnknownModel / UnknownAdapter for the first refused
+    request (those before it stay accepted)."""
     for e, req in zip(enqueued, reqs, strict=True):
-        if e.refused == "full":
-            raise QueueFull(req.model, settings.max_queued)
         if e.refused:
-            raise UnknownModel(req.model)
+            raise refusal(e, req, settings)
     return [e.request_id for e in enqueued]
+
+
+def refusal(e: Enqueued, req: GenerationRequest, settings: Settings) -> TokenqError:
+    """The error that says why enqueue.lua refused ``req``."""
+    if e.refused == "full":
+        return QueueFull(req.model, settings.max_queued)
+    if e.refused == "unknown_lora":
+        return UnknownAdapter(req.model, req.lora or "")
+    return UnknownModel(req.model)
 
 
 def _new_id(req: GenerationRequest, digest: str | None) -> str:

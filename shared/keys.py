@@ -106,6 +106,11 @@ class Keys:
     def paused(self, tag: str) -> str:
         return self._q(tag, "paused")
 
+    def loras(self, tag: str) -> str:
+        """Hash adapter name -> LoraAdapter json: the LoRA adapters registered for the
+        model (enqueue.lua refuses a request naming another)."""
+        return self._q(tag, "loras")
+
     def scores(self, tag: str) -> str:
         """Hash id -> the queue score a claimed request goes back to if put back."""
         return self._q(tag, "scores")

@@ -21,6 +21,8 @@ MAX_GUIDED_JSON_BYTES = 64_000
 MAX_GUIDED_REGEX_CHARS = 4_000
 MAX_N = 16
 MAX_EMBEDDING_DIMENSIONS = 65_536
+# A LoRA adapter's name: no ':' (the OpenAI routes read ``model: "base:adapter"``) or '/'.
+LORA_NAME_PATTERN = r"^[A-Za-z0-9][\w.\-]{0,63}$"
 # What a request asks of the model: generated tokens, or the prompt's pooled hidden
 # state (an embedding; prefill only, no sampling).
 Task = Literal["generate", "embed"]
@@ -148,6 +150,9 @@ class GenerationRequest(_Strict):
     dimensions: int | None = Field(
         None, ge=1, le=MAX_EMBEDDING_DIMENSIONS, description="embed: keep this many dimensions"
     )
+    lora: str | None = Field(
+        None, pattern=LORA_NAME_PATTERN, description="a LoRA adapter registered for the model"
+    )
 
     @field_validator("priority", mode="before")
     @classmethod
@@ -191,6 +196,25 @@ def check_weight(value: object) -> float:
     if not MIN_WEIGHT <= value <= MAX_WEIGHT:
         raise ValueError(f"{TENANT_WEIGHT} {value} is out of range {MIN_WEIGHT}..{MAX_WEIGHT}")
     return float(value)
+
+
+class LoraAdapter(_Strict):
+    """A LoRA adapter registered for a base model: a PEFT directory or a safetensors
+    file, at a path every worker of the model can read."""
+
+    name: str = Field(pattern=LORA_NAME_PATTERN)
+    model: str = Field(min_length=1, max_length=200)
+    path: str = Field(min_length=2, max_length=4096)
+    registered_ms: int = Field(0, ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(
+                f"give an absolute path (workers resolve it on their own hosts), got {path!r}"
+            )
+        return path
 
 
 class RequestState(StrEnum):

@@ -122,6 +122,7 @@ class Heartbeat(threading.Thread):
             ),
             "state": "draining" if self.service.stopping.is_set() else "serving",
             "coalesce_p99_ms": round(self.service.coalescer.p99_delay_ms(), 1),
+            "loras": ",".join(self.service.engine.resident_loras()),
         }
 
     def deregister(self) -> None:

@@ -39,6 +39,8 @@ class WorkerOptions:
     max_num_seqs: int | None = None
     kv_cache_mib: int | None = None
     pooling: str = "mean"
+    max_loras: int = 4
+    max_lora_rank: int = 16
     burst: bool = False
     enforce_eager: bool = False
 
@@ -59,6 +61,8 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
         kv_cache_mib=opts.kv_cache_mib,
         pooling=opts.pooling,
         enforce_eager=opts.enforce_eager,
+        max_loras=opts.max_loras,
+        max_lora_rank=opts.max_lora_rank,
     )
     if opts.max_num_seqs is not None:
         config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again
@@ -129,6 +133,7 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
         "device": str(engine.device),
         "max_num_seqs": engine.config.max_num_seqs,
         "kv_cache_mib": engine.kv_cache_budget_bytes // 2**20,
+        "max_loras": getattr(engine.config, "max_loras", 0),
     }
     if engine.embedding_size is not None:  # the gateway refuses larger ``dimensions``
         info["embedding_size"] = engine.embedding_size

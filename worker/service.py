@@ -16,6 +16,7 @@ from shared.calls import Claimed
 from shared.connection import UNREACHABLE, Backoff
 from shared.flows import claim_flow, drive, fence_flow
 from shared.keys import REQUEST_ID_RE, Keys, model_tag
+from shared.loras import get_lora
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent
 from shared.priority import FRESH_OFFSET
 from shared.records import stream_event
@@ -24,7 +25,7 @@ from shared.scripts import Scripts
 from shared.settings import Settings
 from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
-from worker.engine.request import EngineRequest
+from worker.engine.request import EngineRequest, LoraRef
 from worker.held import Held
 from worker.metrics import WorkerMetrics
 from worker.publisher import Planned, end_call, finish_now, plan_step, send_step, settle
@@ -46,6 +47,7 @@ class EngineLike(Protocol):
     def has_unfinished_requests(self) -> bool: ...
     def num_free_slots(self, resumed: bool = False) -> int: ...
     def stats(self) -> dict[str, float]: ...
+    def resident_loras(self) -> list[str]: ...
 
 
 class WorkerService:
@@ -285,7 +287,19 @@ class WorkerService:
             deadline_unix_s=deadline,
             task=req.task,
             dimensions=req.dimensions,
+            lora=self._lora_ref(req),
         )
+
+    def _lora_ref(self, req: GenerationRequest) -> LoraRef | None:
+        """Where the request's adapter is, read from the registry when it is claimed."""
+        if req.lora is None:
+            return None
+        adapter = get_lora(self.redis, self.keys, self.model, req.lora)
+        if adapter is None:
+            raise ValueError(
+                f"LoRA adapter {req.lora!r} is no longer registered for model {self.model!r}"
+            )
+        return LoraRef(adapter.name, adapter.path)
 
     def _restore(self, held: Held) -> None:
         """Take back what earlier attempts published, so generation resumes after it."""

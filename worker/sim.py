@@ -95,6 +95,9 @@ class SimEngine:
     def stats(self) -> dict[str, float]:
         return {"running": len(self.running), "waiting": 0, "kv_cache_usage": 0.0}
 
+    def resident_loras(self) -> list[str]:
+        return []  # the simulation runs every request as the base model
+
     def step(self) -> list[RequestOutput]:
         time.sleep(self.sim.step_s(len(self.running)))
         return [self._advance(req) for req in list(self.running.values())]

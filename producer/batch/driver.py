@@ -20,8 +20,7 @@ from producer.batch.lines import BatchLine
 from producer.batch.models import BatchState
 from producer.batch.output import error_line, refused_line
 from producer.requests import choice_requests
-from shared.errors import UnknownModel
-from shared.flows import Enqueued, drive, ended_flow, enqueue_flow
+from shared.flows import Enqueued, drive, ended_flow, enqueue_flow, refusal
 from shared.models import TENANT, GenerationRequest
 
 FAN_OUT_CHUNK = 100
@@ -114,9 +113,9 @@ def _record_fan_out(
         choices = [next(replies) for _ in range(line.n)]
         if any(e.refused == "full" for e in choices):
             taken = min(taken, i)  # back off: the next round starts from this line
-        elif any(e.refused for e in choices):
-            message = str(UnknownModel(line.request.model))
-            failed[line.custom_id] = error_line(line.custom_id, "unknown_model", message)
+        elif refused := [e for e in choices if e.refused]:
+            message = str(refusal(refused[0], line.request, ctx.settings))
+            failed[line.custom_id] = error_line(line.custom_id, refused[0].refused, message)
             continue
         ids = tuple(e.request_id for e in choices if not e.refused)
         if ids:

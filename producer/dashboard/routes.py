@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Query
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
-from producer.dashboard import routes_actions
+from producer.dashboard import routes_actions, routes_loras
 from producer.dashboard.auth import Access, access_for, require_view
 from producer.dashboard.config import DashboardConfig, load_config
 from producer.dashboard.errors import DashboardError, DashboardRoute, NotFoundError
@@ -39,6 +39,7 @@ def create_dashboard_router(
     _add_page_routes(router)
     _add_view_routes(router, dash)
     routes_actions.add_routes(router, dash)
+    routes_loras.add_routes(router, dash)
     return router
 
 

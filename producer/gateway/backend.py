@@ -21,6 +21,7 @@ from producer.requests import validate_request
 from shared.errors import NotFound
 from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys
+from shared.loras import split_model
 from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest, RequestStatus, Result
 from shared.ratelimit import headers, limited_enqueue_flow, rate_limited
 from shared.reads import run_read_async, view_read
@@ -87,6 +88,16 @@ class Backend:
         if verdict is not None and not verdict.ok:
             raise rate_limited(verdict)
         return done[0], {} if verdict is None else headers(verdict)
+
+    async def with_adapter(self, request: GenerationRequest) -> GenerationRequest:
+        """``model: "base:adapter"`` (an OpenAI body's way to name a LoRA adapter) as
+        model ``base`` with ``lora`` set, unless a live worker serves the whole name."""
+        split = None if request.lora else split_model(request.model)
+        if split is None or request.model in await self.registry.live():
+            return request
+        base, adapter = split
+        data = {**request.model_dump(), "model": base, "lora": adapter}
+        return validate_request(self.settings, data)
 
     async def view(
         self, request_id: str, scope: str | None = None

@@ -24,6 +24,7 @@ from shared.errors import (
     RateLimited,
     RequestTimeout,
     TokenqError,
+    UnknownAdapter,
     UnknownModel,
 )
 from shared.ratelimit import retry_after_header
@@ -133,6 +134,8 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         return ApiError(
             404, str(exc), type="not_found_error", param="model", code="model_not_found"
         )
+    if isinstance(exc, UnknownAdapter):
+        return ApiError(404, str(exc), type="not_found_error", param="model", code="lora_not_found")
     if isinstance(exc, NotFound):
         return ApiError(404, str(exc), type="not_found_error", code="request_not_found")
     if isinstance(exc, InvalidRequest):

@@ -55,6 +55,7 @@ class SubmitBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, description="default: the deployment's default model")
+    lora: str | None = Field(None, description="a LoRA adapter registered for the model")
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     priority: int | str | None = Field(None, description=PRIORITY_DOC)
@@ -182,6 +183,7 @@ async def _event_frames(backend: Backend, request_id: str, cursor: str) -> Async
 def _request(body: SubmitBody, caller: Principal, settings: Settings) -> GenerationRequest:
     data = {
         "model": body.model or settings.default_model,
+        "lora": body.lora,
         "prompt": body.prompt,
         "messages": body.messages,
         "priority": priority_for(caller, body.priority),

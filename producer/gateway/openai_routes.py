@@ -31,10 +31,10 @@ from producer.gateway.openai_schemas import (
     ModelCard,
     ModelList,
 )
-from producer.gateway.registry import LiveModel
 from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
 from producer.requests import choice_requests
 from shared.errors import NotFound, TokenqError
+from shared.loras import list_loras_async
 from shared.models import FinalEvent, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -89,23 +89,37 @@ async def completions(
 
 @router.get("/models", response_model=ModelList, responses=error_responses(401, 503))
 async def list_models(_: Caller, backend: BackendDep) -> ModelList:
-    """The models that live workers serve now."""
-    live = await backend.registry.live()
-    return ModelList(data=[_card(live[name]) for name in sorted(live)])
+    """The models that live workers serve now, and their LoRA adapters (``base:adapter``)."""
+    return ModelList(data=await _cards(backend))
 
 
 @router.get(
     "/models/{model:path}", response_model=ModelCard, responses=error_responses(401, 404, 503)
 )
 async def get_model(model: str, _: Caller, backend: BackendDep) -> ModelCard:
+    for card in await _cards(backend):
+        if card.id == model:
+            return card
+    raise model_not_found(model)
+
+
+async def _cards(backend: Backend) -> list[ModelCard]:
     live = await backend.registry.live()
-    if model not in live:
-        raise model_not_found(model)
-    return _card(live[model])
-
-
-def _card(model: LiveModel) -> ModelCard:
-    return ModelCard(id=model.name, created=model.created_s, num_workers=model.num_workers)
+    adapters = await list_loras_async(backend.redis, backend.keys, sorted(live))
+    cards = []
+    for name in sorted(live):
+        base = live[name]
+        cards.append(ModelCard(id=name, created=base.created_s, num_workers=base.num_workers))
+        cards.extend(
+            ModelCard(
+                id=f"{name}:{a.name}",
+                created=a.registered_ms // 1000,
+                num_workers=base.num_workers,
+                parent=name,
+            )
+            for a in adapters.get(name, [])
+        )
+    return cards
 
 
 async def _answer(
@@ -149,6 +163,7 @@ async def submit_all(
     submitted: list[Submitted] = []
     try:
         for gen in gens:
+            gen = await backend.with_adapter(gen)
             submitted.append(await backend.submit(gen, api=kind, caller=caller))
     except BaseException:
         await cancel_all(backend, submitted)

@@ -269,6 +269,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "tokenq"
     num_workers: int = Field(description="tokenq: live workers serving it")
+    parent: str | None = Field(None, description="a LoRA adapter's base model")
 
 
 class ModelList(BaseModel):

@@ -3,18 +3,23 @@
 -- KEYS[1] queue (zset)   KEYS[2] seq counter   KEYS[3] wakeup list
 -- KEYS[4] deadlines (zset id -> deadline ms)   KEYS[5] served marker (set by workers)
 -- KEYS[6] owners   KEYS[7] fair clock   KEYS[8] fair tags (see _lib.lua)
+-- KEYS[9] LoRA adapters registered for the model (hash)
 -- ARGV[1] request id   ARGV[2] priority (0..MAX_PRIORITY)   ARGV[3] max queued
 -- ARGV[4] deadline ms or ''   ARGV[5] model   ARGV[6] lifecycle channel
 -- ARGV[7] '1' to refuse a model no worker has served recently, '0' to queue it anyway
 -- ARGV[8] fair member '<priority>:<tenant>'   ARGV[9] the request's estimated cost (units)
+-- ARGV[10] the request's LoRA adapter or ''
 -- Within its priority band it sits at its tenant's virtual start time (fair order).
--- Returns {'ok', id} | {'full', queued count} | {'unknown_model', ''}
+-- Returns {'ok', id} | {'full', queued count} | {'unknown_model', ''} | {'unknown_lora', ''}
 -- On a refusal the caller removes the admitted hash (withdraw.lua).
 local id = ARGV[1]
 if redis.call('ZSCORE', KEYS[1], id) or redis.call('HEXISTS', KEYS[6], id) == 1 then
   return {'ok', id}
 end
 if ARGV[7] == '1' and redis.call('EXISTS', KEYS[5]) == 0 then return {'unknown_model', ''} end
+if ARGV[10] ~= '' and redis.call('HEXISTS', KEYS[9], ARGV[10]) == 0 then
+  return {'unknown_lora', ''}
+end
 local queued = redis.call('ZCARD', KEYS[1])
 if queued >= tonumber(ARGV[3]) then return {'full', queued} end
 redis.call('INCR', KEYS[2])  -- counts submissions (the dashboard's 'enqueued')

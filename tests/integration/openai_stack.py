@@ -20,13 +20,13 @@ from tests.producer.gateway.process import gateway_process
 
 
 @contextmanager
-def openai_stack(redis_url: str, log_dir: Path) -> Iterator[openai.OpenAI]:
-    """An ``openai.OpenAI`` client on a fresh gateway and worker (the worker's log in
-    ``log_dir``); both are stopped after."""
+def openai_stack(redis_url: str, log_dir: Path, **gateway_env: str) -> Iterator[openai.OpenAI]:
+    """An ``openai.OpenAI`` client on a fresh gateway (``gateway_env`` added to its
+    environment) and worker (the worker's log in ``log_dir``); both are stopped after."""
     redis.Redis.from_url(redis_url).flushall()
     log_path = log_dir / "worker.log"
     cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL]
-    with log_path.open("wb") as log, gateway_process(redis_url) as url:
+    with log_path.open("wb") as log, gateway_process(redis_url, **gateway_env) as url:
         worker = subprocess.Popen([*cmd, "--redis", redis_url], stdout=log, stderr=log)
         try:
             with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as c:

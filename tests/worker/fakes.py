@@ -50,6 +50,9 @@ class ScriptedEngine:
     def stats(self) -> dict[str, float]:
         return {"running": len(self.running), "waiting": 0, "kv_cache_usage": 0.0}
 
+    def resident_loras(self) -> list[str]:
+        return sorted({r.lora.name for r in self.running.values() if r.lora is not None})
+
     def step(self) -> list[RequestOutput]:
         return [self._advance(req) for req in list(self.running.values())]
 

@@ -31,6 +31,8 @@ class EngineConfig:
     ``pooling`` turns an embed request's final hidden states into its embedding
     (``mean``, ``last`` or ``cls``; normalised either way). On CUDA a step runs as
     a captured CUDA graph (one per token-count bucket) unless ``enforce_eager``.
+    Up to ``max_loras`` LoRA adapters of rank up to ``max_lora_rank`` are resident
+    at once (0: none served).
 
     ``max_num_seqs``, ``max_num_batched_tokens`` and ``kv_cache_share`` left at
     ``None`` take the device's defaults: a small CPU box (64 rows, 512 tokens a
@@ -58,6 +60,8 @@ class EngineConfig:
     max_model_len: int | None = None
     pooling: str = "mean"
     enforce_eager: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -76,6 +80,8 @@ class EngineConfig:
         _at_least("num_threads", self.num_threads, 1, optional=True)
         _at_least("ttft_priority", self.ttft_priority, 0, optional=True)
         _at_least("max_model_len", self.max_model_len, 2, optional=True)
+        _at_least("max_loras", self.max_loras, 0)
+        _at_least("max_lora_rank", self.max_lora_rank, 1)
         if self.kv_cache_share is not None and not 0 < self.kv_cache_share <= 1:
             raise ValueError(f"kv_cache_share must be in (0, 1], got {self.kv_cache_share}")
         if self.pooling not in POOLING_METHODS:

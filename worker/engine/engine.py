@@ -62,6 +62,7 @@ class Engine:
             config.aging_interval_s if config.enable_aging else None,
             ttft_priority=config.ttft_priority,
             max_num_resumed_seqs=config.max_num_resumed_seqs,
+            max_loras=config.max_loras,
         )
         self._seq_numbers = itertools.count()
         self._text: dict[str, _TextState] = {}
@@ -176,6 +177,8 @@ class Engine:
             raise ValueError(f"request {req.request_id}: the prompt has no tokens")
         if req.request_id in self._text or req.request_id in self.compiling:
             raise ValueError(f"request {req.request_id} is already in the engine")
+        if req.lora is not None:
+            self._check_lora(req)
         if req.embed:
             self._validate_embed(req)
             return
@@ -194,6 +197,20 @@ class Engine:
                 f"request {req.request_id}: logit_bias token id {too_big[0]} is not in this "
                 f"model's vocabulary of {self.vocab_size} tokens"
             )
+
+    def _check_lora(self, req: EngineRequest) -> None:
+        """The adapter is read now (AdapterError, a ValueError, if it cannot be served)."""
+        store, lora = self.runner.lora, req.lora
+        if store is None or lora is None:
+            raise ValueError(
+                f"request {req.request_id}: this worker serves no LoRA adapters "
+                "(--max-loras is 0, or the model is not Llama-shaped)"
+            )
+        store.check(lora)
+
+    def resident_loras(self) -> list[str]:
+        """The adapters loaded now, for the worker registry."""
+        return [] if self.runner.lora is None else self.runner.lora.resident
 
     def _validate_embed(self, req: EngineRequest) -> None:
         limit, what = self._context_limit()

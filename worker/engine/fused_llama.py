@@ -16,6 +16,7 @@ import torch
 from torch.nn import functional
 
 from worker.engine.attention import PagedStep, StepBatch, attend
+from worker.engine.lora import LoraBatch, apply_lora
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 
@@ -34,6 +35,7 @@ class FusedLlama:
             _fuse_params(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers
         ]
         self.gate_up = [_fuse_params(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers]
+        self.lora: LoraBatch | None = None  # the step's adapters, set by the model runner
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -74,18 +76,23 @@ class FusedLlama:
         batch: StepBatch | PagedStep,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = functional.linear(layer.input_layernorm(x), self.qkv[index])
+        h = layer.input_layernorm(x)
+        qkv = apply_lora(self.lora, index, "qkv", h, functional.linear(h, self.qkv[index]))
         # Queries and keys lie side by side in the fused output: one rotation for both.
         qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
         qk = qkv[:, :qk_width].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k = torch.split(_rotate(qk, rope), [self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, qk_width:].view(num_tokens, self.num_kv_heads, self.head_dim)
         attn = attend(index, q, k, v, batch, layer.self_attn.scaling)
-        x = x + layer.self_attn.o_proj(attn.reshape(num_tokens, -1))
-        gate, up = functional.linear(layer.post_attention_layernorm(x), self.gate_up[index]).chunk(
-            2, dim=-1
+        attn = attn.reshape(num_tokens, -1)
+        x = x + apply_lora(self.lora, index, "o", attn, layer.self_attn.o_proj(attn))
+        h = layer.post_attention_layernorm(x)
+        gate_up = apply_lora(
+            self.lora, index, "gate_up", h, functional.linear(h, self.gate_up[index])
         )
-        mlp_out: torch.Tensor = layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = layer.mlp.act_fn(gate) * up
+        mlp_out: torch.Tensor = apply_lora(self.lora, index, "down", h, layer.mlp.down_proj(h))
         return x + mlp_out
 
 

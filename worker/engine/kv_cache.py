@@ -151,7 +151,14 @@ class KVCacheManager:
         size = self.block_size
         while len(digests) < num_blocks:
             start = len(digests) * size
-            h = hashlib.blake2b(digests[-1] if digests else b"", digest_size=16)
+            # The first block's digest starts from the adapter's salt: the same prompt
+            # under another adapter (or none) has other keys and values.
+            h = hashlib.blake2b(digests[-1] if digests else _salt(seq), digest_size=16)
             h.update(array("q", seq.token_ids[start : start + size]).tobytes())
             digests.append(h.digest())
         return digests[:num_blocks]
+
+
+def _salt(seq: Sequence) -> bytes:
+    lora = seq.request.lora
+    return b"" if lora is None else lora.cache_salt

@@ -20,6 +20,7 @@ from worker.engine.attention import ATTN_IMPLEMENTATION, PrefillChunk, StepBatch
 from worker.engine.config import EngineConfig
 from worker.engine.cuda_graphs import PagedInputs, StepGraphs
 from worker.engine.fused_llama import FusedLlama
+from worker.engine.lora import LoraBatch, LoraStore, llama_sites
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.sampler import Sampler, SamplingRow, sampling_row
 
@@ -39,6 +40,7 @@ class _Step(NamedTuple):
     pool_index: torch.Tensor | None
     pool_lengths: list[int]
     batch: StepBatch
+    lora: LoraBatch | None = None  # rows with adapters: the step runs eagerly
 
 
 class ModelRunner:
@@ -88,6 +90,15 @@ class ModelRunner:
         self.max_num_batched_tokens = config.num_batched_tokens
         self.scratch_slot = 0
         self.graphs: StepGraphs | None = None
+        self.lora = self._lora_store(config)
+
+    def _lora_store(self, config: EngineConfig) -> LoraStore | None:
+        """Adapters apply through the fused forward's hooks only."""
+        if self.fused is None or config.max_loras == 0:
+            return None
+        sites = llama_sites(self.fused.layers[0])
+        args = (config.max_loras, config.max_lora_rank, self.device, self.dtype)
+        return LoraStore(sites, self.num_layers, *args)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -167,9 +178,10 @@ class ModelRunner:
 
     def _execute_paged(self, out: SchedulerOutput) -> RunnerOutput:
         inputs = PagedInputs.build(out.scheduled, self.block_size)
+        lora = self._lora_batch(out.scheduled)  # a step with adapters runs eagerly
         with torch.inference_mode():
             hidden = None
-            if self.graphs is not None and self.graphs.can_run(inputs):
+            if lora is None and self.graphs is not None and self.graphs.can_run(inputs):
                 logits = self.graphs.run(inputs)
             else:
                 logits, hidden = self._forward_paged(inputs)
@@ -236,6 +248,7 @@ class ModelRunner:
             prefills=[self._prefill_chunk(*chunk) for chunk in inputs.prefills],
         )
         pool_index = self._tensor(inputs.pool_index) if inputs.pool_index else None
+        lora = self._lora_batch(scheduled)
         return _Step(
             self._tensor(inputs.token_ids),
             self._tensor(inputs.positions),
@@ -243,7 +256,16 @@ class ModelRunner:
             pool_index,
             inputs.pool_lengths,
             batch,
+            lora,
         )
+
+    def _lora_batch(self, scheduled: list[ScheduledSeq]) -> LoraBatch | None:
+        if self.lora is None or self.fused is None:
+            return None
+        refs = [item.seq.request.lora for item in scheduled]
+        lora = self.lora.batch(refs, [item.num_tokens for item in scheduled])
+        self.fused.lora = lora
+        return lora
 
     def _block_slots(self, block_tables: list[list[int]], context_len: int) -> torch.Tensor:
         """``[rows, context_len]``: the pool slot of each position of each table."""

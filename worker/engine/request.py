@@ -12,6 +12,19 @@ if TYPE_CHECKING:
     from worker.engine.grammar import GrammarState
 
 
+@dataclass(frozen=True)
+class LoraRef:
+    """The LoRA adapter a request runs with: its registered name and where it is."""
+
+    name: str
+    path: str
+
+    @property
+    def cache_salt(self) -> bytes:
+        """What sets its KV apart: the same tokens under two adapters differ."""
+        return f"lora\x00{self.name}\x00{self.path}".encode()
+
+
 @dataclass
 class EngineRequest:
     """One generation request handed to :meth:`Engine.add_request`.
@@ -35,6 +48,7 @@ class EngineRequest:
     # keeps that many of its first dimensions (then normalised again).
     task: Task = "generate"
     dimensions: int | None = None
+    lora: LoraRef | None = None
 
     # Resumed mid-answer after its worker died: its client is waiting for the rest.
     resumed: bool = field(init=False)

@@ -11,7 +11,9 @@ where its blocks were not reused meanwhile), so it resumes without losing or
 repeating one. A waiting request more urgent than the least urgent running one
 preempts it when the batch is full. A request resumed after its worker died (its
 client is mid-answer) may also take one of a few rows kept for such requests, and new
-work never preempts it.
+work never preempts it. Requests with LoRA adapters run with at most ``max_loras``
+adapters among the running ones; a request that would bring one more waits, and later
+requests with adapters wait behind it, so that the adapters in use drain.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from shared.models import FinishReason
 from shared.priority import MAX_PRIORITY
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
-from worker.engine.request import SeqStatus, Sequence
+from worker.engine.request import LoraRef, SeqStatus, Sequence
 
 
 class Scheduler:
@@ -37,6 +39,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         ttft_priority: int | None = None,
         max_num_resumed_seqs: int = 0,
+        max_loras: int | None = None,
     ) -> None:
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
@@ -46,6 +49,7 @@ class Scheduler:
         self.aging_interval_s = aging_interval_s
         self.clock = clock
         self.ttft_priority = ttft_priority
+        self.max_loras = max_loras
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._waiting_since: dict[int, float] = {}
@@ -146,12 +150,30 @@ class Scheduler:
 
     def _next_admissible(self) -> Sequence | None:
         """The first waiting request the batch has a row for, in priority order (the
-        rows are counted once: the waiting line can be thousands long)."""
+        rows are counted once: the waiting line can be thousands long), whose adapter
+        fits too. Once one is held back for its adapter, later requests with adapters
+        wait behind it (so the adapters in use drain); base ones still join."""
         if len(self.running) >= self.max_num_seqs + self.max_num_resumed_seqs:
             return None
-        if self._has_row_for_new_work():
-            return self.waiting[0] if self.waiting else None
-        return next((s for s in self.waiting if s.request.resumed), None)
+        new_work = self._has_row_for_new_work()
+        in_use: set[LoraRef] | None = None
+        held_back = False
+        for seq in self.waiting:
+            lora = seq.request.lora
+            if lora is not None:
+                in_use = self._adapters_in_use() if in_use is None else in_use
+                if held_back or not self._adapter_fits(lora, in_use):
+                    held_back = True
+                    continue
+            if new_work or seq.request.resumed:
+                return seq
+        return None
+
+    def _adapters_in_use(self) -> set[LoraRef]:
+        return {s.request.lora for s in self.running if s.request.lora is not None}
+
+    def _adapter_fits(self, lora: LoraRef, in_use: set[LoraRef]) -> bool:
+        return lora in in_use or self.max_loras is None or len(in_use) < self.max_loras
 
     def _victim_for(self, head: Sequence) -> Sequence | None:
         """The least urgent running request whose row ``head`` could take: new work

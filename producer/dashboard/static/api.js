@@ -26,8 +26,13 @@ async function errorOf(response) {
   return new ApiError(response.status, message);
 }
 
-export async function api(path, { method = "GET" } = {}) {
-  const response = await fetch(new URL(path, base), { method, headers: headers() });
+export async function api(path, { method = "GET", json } = {}) {
+  const init = { method, headers: headers() };
+  if (json !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(json);
+  }
+  const response = await fetch(new URL(path, base), init);
   if (!response.ok) throw await errorOf(response);
   return response.json();
 }

@@ -2,12 +2,14 @@
 import { api, readEvents, setToken, token } from "./api.js";
 import { Charts } from "./charts.js";
 import { Detail } from "./detail.js";
+import { Loras } from "./loras.js";
 import { renderBatches, renderQueues, renderRequests, renderUsage, renderWorkers } from "./tables.js";
 
 const $ = (id) => document.getElementById(id);
 const state = { access: null, overview: null, kind: "running", live: null };
 const charts = new Charts(document, 3600);
 const detail = new Detail({ onError: showError, onAction: notice });
+const loras = new Loras(document, { onError: showError, onAction: notice });
 
 function showError(error) { banner(error.message || String(error), "error"); }
 function notice(text) { banner(text, "info"); }
@@ -32,6 +34,7 @@ async function start() {
   if (!state.access.can_view) return;
   $("dashboard").hidden = false;
   charts.setSamples(await api("history?window_s=3600").catch(() => []));
+  loras.load(state.access.can_act);
   followLive();
 }
 

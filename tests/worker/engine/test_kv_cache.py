@@ -7,7 +7,7 @@ import itertools
 
 from shared.models import SamplingParams
 from worker.engine.kv_cache import KVCacheManager
-from worker.engine.request import EngineRequest, Sequence
+from worker.engine.request import EngineRequest, LoraRef, Sequence
 
 _seq_numbers = itertools.count()
 
@@ -181,3 +181,19 @@ def test_without_prefix_caching_nothing_is_shared_or_counted() -> None:
     admit(kv_cache, make_seq(9))
     assert kv_cache.cached_prefix(make_seq(9)) == []
     assert (kv_cache.num_queried_tokens, kv_cache.num_hit_tokens) == (0, 0)
+
+
+def test_the_same_prompt_under_another_adapter_shares_no_blocks() -> None:
+    kv_cache = KVCacheManager(num_blocks=20, block_size=4)
+    tokens = list(range(100, 113))
+
+    def with_lora(name: str | None) -> Sequence:
+        seq = make_seq(tokens)
+        seq.request.lora = None if name is None else LoraRef(name, f"/adapters/{name}")
+        return seq
+
+    admit(kv_cache, with_lora("poet"))
+    assert admit(kv_cache, with_lora(None)) == []
+    assert admit(kv_cache, with_lora("pirate")) == []
+    assert len(admit(kv_cache, with_lora("poet"))) == 3  # its own adapter's blocks
+    assert len(admit(kv_cache, with_lora(None))) == 3
