@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
@@ -36,8 +33,7 @@ from shared.models import TENANT
 from shared.registry import mark_served
 from shared.replies import text
 from shared.settings import Settings
-from worker.service import WorkerService
-from worker.sim import SimConfig, SimEngine
+from worker.sim_fleet import sim_fleet
 
 SIM = "sim:step_ms=5,knee=8,max_num_seqs=8"
 MAX_TOKENS = 8
@@ -48,26 +44,6 @@ LABEL = "bench_tenant"  # the tenant as the figures see it, in both orders
 class Run:
     ttft_s: dict[str, list[float]]
     jain: float
-
-
-@contextmanager
-def fleet(url: str, num_workers: int, settings: Settings) -> Iterator[None]:
-    services = [
-        WorkerService(
-            SimEngine(SimConfig.parse(SIM)), redis.Redis.from_url(url), settings, SIM, f"w{n}"
-        )
-        for n in range(num_workers)
-    ]
-    threads = [threading.Thread(target=s.run, daemon=True) for s in services]
-    for t in threads:
-        t.start()
-    try:
-        yield
-    finally:
-        for s in services:
-            s.stopping.set()
-        for t in threads:
-            t.join(timeout=30)
 
 
 def load(num_heavy: int, light: tuple[int, int]) -> list[tuple[str, int]]:
@@ -85,7 +61,7 @@ def run(url: str, order: str, plan: list[tuple[str, int]], workers: int, window_
     pipe.execute()
     client = Client(connection=conn, settings=settings)
     ids: dict[str, list[str]] = {}
-    with fleet(url, workers, settings):
+    with sim_fleet(url, SIM, workers, settings):
         start_ms = _redis_ms(conn)
         for tenant, count in plan:
             meta = {LABEL: tenant, **({TENANT: tenant} if order == "fair" else {})}

@@ -5,10 +5,8 @@ requests' tenant column show who ran what."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import orjson
@@ -23,6 +21,7 @@ from shared.keys import Keys
 from shared.settings import Settings
 from tests.conftest import serve
 from tests.integration.faults import wait_until
+from tests.integration.processes import started
 from tests.integration.test_dashboard_browser import TOKEN, _launch, _status
 from tests.producer.batch.procs import RQ_ENV, rq_batch_settings
 
@@ -61,19 +60,9 @@ def processes(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[str]:
         "dashboard": [*python, "producer.dashboard", "--redis", url, "--port", str(port)],
     }
     page_url = f"http://127.0.0.1:{port}/admin/"
-    with ExitStack() as stack:
-        procs = []
-        for name, cmd in commands.items():
-            log = stack.enter_context((tmp_path / f"{name}.log").open("wb"))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-        try:
-            wait_until(lambda: _status(page_url + "api/access", TOKEN) == 200, 60, "the dashboard")
-            yield page_url
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=60)
+    with started(commands, env, tmp_path):
+        wait_until(lambda: _status(page_url + "api/access", TOKEN) == 200, 60, "the dashboard")
+        yield page_url
 
 
 def test_a_running_batch_moves_on_the_page_and_its_cancel_stops_it(

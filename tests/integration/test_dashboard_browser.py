@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from shared.models import FinishReason, RequestState
 from shared.settings import Settings
 from tests.conftest import serve
 from tests.integration.faults import wait_until
+from tests.integration.processes import started
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -76,19 +75,9 @@ def processes(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[str]:
         ],
     }
     url = f"http://127.0.0.1:{port}/admin/"
-    with ExitStack() as stack:
-        procs = []
-        for name, cmd in commands.items():
-            log = stack.enter_context((tmp_path / f"{name}.log").open("wb"))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-        try:
-            wait_until(lambda: _status(url + "api/access", TOKEN) == 200, 60, "the dashboard")
-            yield url
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=60)
+    with started(commands, env, tmp_path):
+        wait_until(lambda: _status(url + "api/access", TOKEN) == 200, 60, "the dashboard")
+        yield url
 
 
 def _running_request(connection: redis.Redis) -> Handle:

@@ -21,7 +21,7 @@ from shared.settings import Settings
 from shared.usage import last_hours, read_usage, totals
 from tests.conftest import serve
 from tests.integration.faults import wait_until
-from tests.integration.sim_fleet import sim_fleet
+from worker.sim_fleet import sim_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
