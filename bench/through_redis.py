@@ -68,7 +68,8 @@ def wait_ready(
     while time.monotonic() < give_up:
         for member in connection.zrange(keys.workers(), 0, -1):
             info = connection.hgetall(keys.worker(member.decode()))
-            if info:
+            # A worker registers as "loading" before its weights load; time from serving.
+            if info and info.get(b"state") not in (None, b"loading"):
                 return {k.decode(): v.decode() for k, v in info.items()}
         time.sleep(0.2)
     raise TimeoutError("the worker did not register")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from tests.worker.engine.conftest import EngineFactory
 from tests.worker.engine.factories import load_workload, make_request
 from worker.engine.cuda_graphs import PagedInputs, graph_sizes
 from worker.engine.outputs import ScheduledSeq
-from worker.engine.request import Sequence
+from worker.engine.request import LoraRef, Sequence
 
 
 def _scheduled(
@@ -129,3 +130,24 @@ def test_padding_tokens_write_nothing_to_the_pool(make_engine: EngineFactory) ->
     # The prompt's three positions, in one block, and nothing else in any layer.
     block = engine.kv_cache.block_size
     assert all(len(c) == 3 and c[2] - c[0] == 2 and c[0] % block == 0 for c in changed)
+
+
+@cuda
+def test_adapter_rows_on_cuda_give_transformers_merged_output(
+    make_engine: EngineFactory, model_path: str, tmp_path: Path
+) -> None:
+    """A step with LoRA rows runs the paged forward eagerly; base rows beside it replay."""
+    from tests.lora_adapters import SPECS, make_adapter, merged_greedy
+
+    spec = SPECS[0]
+    adapter = make_adapter(model_path, spec, tmp_path)
+    engine = make_engine(device="cuda", dtype="float32", kv_cache_mib=512, max_loras=2)
+    texts = ("Write one line about the sea.", "Name a famous city.")
+    prompts = [engine.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    lora = LoraRef(spec.name, str(adapter))
+    requests = [make_request(p, max_tokens=12, lora=lora) for p in prompts]
+    requests += [make_request(p, max_tokens=12) for p in prompts]
+    results = engine.generate(requests)
+    got = [[t for o in results[r.request_id] for t in o.new_token_ids] for r in requests]
+    assert got[:2] == merged_greedy(model_path, adapter, prompts, 12)
+    assert got[2:] == merged_greedy(model_path, None, prompts, 12)
