@@ -74,14 +74,17 @@ class WorkerMetrics:
         )
         self.tenants = TenantCounters(model, r)
         self._seen: dict[str, int] = {}
+        # Bound once: ``labels()`` on every token cost the GPU worker's loop a few µs each.
+        self._generated = self.generation_tokens.labels(model)
+        self._itl = self.itl.labels(model)
 
     def on_tenant_usage(self, tenant: str | None, usage: Usage) -> None:
         self.tenants.on_usage(tenant, usage)
 
     def on_tokens(self, num_tokens: int, gap_s: float | None) -> None:
-        self.generation_tokens.labels(self.model).inc(num_tokens)
+        self._generated.inc(num_tokens)
         if gap_s is not None and num_tokens:
-            self.itl.labels(self.model).observe(gap_s / num_tokens)
+            self._itl.observe(gap_s / num_tokens)
 
     def on_finish(self, priority: int, final: FinalEvent) -> None:
         label = (self.model, priority_name(priority))
