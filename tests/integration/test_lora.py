@@ -39,7 +39,9 @@ def model_path() -> str:
 
 @pytest.fixture(scope="module")
 def adapter(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_adapter(model_path, SPECS[0], tmp_path_factory.mktemp("loras"))
+    return make_adapter(
+        model_path, SPECS[1], tmp_path_factory.mktemp("loras")
+    )  # changes this answer
 
 
 @pytest.fixture(scope="module")
@@ -74,22 +76,24 @@ def register(client: openai.OpenAI, name: str, path: Path) -> httpx.Response:
 def test_an_adapter_registered_at_the_gateway_serves_openai_and_client_requests(
     client: openai.OpenAI, redis_server: EmbeddedRedis, adapter: Path, expected: str
 ) -> None:
-    assert register(client, "poet", adapter).status_code == 201
-    assert f"{DEFAULT_MODEL}:poet" in [m.id for m in client.models.list()]
+    assert register(client, "pirate", adapter).status_code == 201
+    assert f"{DEFAULT_MODEL}:pirate" in [m.id for m in client.models.list()]
     reply = client.chat.completions.create(
-        model=f"{DEFAULT_MODEL}:poet",
+        model=f"{DEFAULT_MODEL}:pirate",
         messages=[{"role": "user", "content": TEXT}],
         max_tokens=MAX_TOKENS,
         temperature=0,
     )
     assert reply.choices[0].message.content == expected
-    assert reply.model == f"{DEFAULT_MODEL}:poet"
+    assert reply.model == f"{DEFAULT_MODEL}:pirate"
     with Client(settings=Settings(redis_url=redis_server.url)) as tokenq:
-        handle = tokenq.submit(messages=QUESTION, lora="poet", max_tokens=MAX_TOKENS, temperature=0)
+        handle = tokenq.submit(
+            messages=QUESTION, lora="pirate", max_tokens=MAX_TOKENS, temperature=0
+        )
         assert handle.result(timeout=120).text == expected
         base = tokenq.submit(messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0)
         assert base.result(timeout=120).text != expected  # the adapter made the difference
-    assert "poet" in _registered_loras(redis.Redis.from_url(redis_server.url))
+    assert "pirate" in _registered_loras(redis.Redis.from_url(redis_server.url))
 
 
 def test_an_unknown_adapter_is_refused_before_it_is_queued(
