@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -74,9 +76,16 @@ class WorkerMetrics:
         )
         self.tenants = TenantCounters(model, r)
         self._seen: dict[str, int] = {}
-        # Bound once: ``labels()`` on every token cost the GPU worker's loop a few µs each.
-        self._generated = self.generation_tokens.labels(model)
-        self._itl = self.itl.labels(model)
+
+    # Bound once, at the first token (a child exists, and is exported, from its first
+    # use on): ``labels()`` on every token cost the GPU worker's loop a few µs each.
+    @cached_property
+    def _generated(self) -> Any:
+        return self.generation_tokens.labels(self.model)
+
+    @cached_property
+    def _itl(self) -> Any:
+        return self.itl.labels(self.model)
 
     def on_tenant_usage(self, tenant: str | None, usage: Usage) -> None:
         self.tenants.on_usage(tenant, usage)
