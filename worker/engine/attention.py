@@ -4,8 +4,9 @@ A step flattens every scheduled token into one sequence (batch 1) with explicit
 position ids, so the linear layers see one dense matrix. transformers calls
 :func:`tokenq_attention` in each layer with a :class:`StepBatch` passed through
 the forward kwargs; it writes the new keys and values into the paged cache, then
-runs single-token (decode) rows as one padded SDPA over their contexts, gathered
-from their blocks, and each multi-token (prefill) chunk as its own causal SDPA.
+runs single-token (decode) rows as a few padded SDPAs over their contexts (rows of
+similar length together), gathered from their blocks, and each multi-token
+(prefill) chunk as its own causal SDPA.
 
 Gathering into SDPA was chosen by measurement on the CPU. The gather copies each
 decode row's context once per layer: for 64 rows of 170 tokens of SmolLM2-135M,
@@ -51,22 +52,51 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows of similar context length, run as one padded SDPA: the step's
+    tokens ``token_index`` read their contexts through ``slots`` (``[rows, context]``,
+    padded with an always-zero slot) under ``mask``."""
+
+    token_index: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
+
+
+# A decode group's rows are at least this share of its longest row's context, and a
+# step has at most MAX_DECODE_GROUPS (each costs a gather and an SDPA a layer).
+GROUP_SHARE = 0.6
+MAX_DECODE_GROUPS = 4
+
+
+def group_by_length(context_lens: list[int]) -> list[list[int]]:
+    """Decode rows (indices into ``context_lens``) in groups of similar length, longest
+    first: padding every row to the step's longest context would gather and attend
+    over that much padding in every layer."""
+    order = sorted(range(len(context_lens)), key=lambda r: -context_lens[r])
+    groups: list[list[int]] = []
+    for row in order:
+        last = len(groups) == MAX_DECODE_GROUPS
+        if groups and (last or context_lens[row] >= GROUP_SHARE * context_lens[groups[-1][0]]):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+@dataclass
 class StepBatch:
     """Where this step's tokens go in the cache and what each may attend to.
 
     The caches are one pool per layer, ``[slots, kv_heads, head_dim]``, a slot per
     token (block ``b`` holds slots ``b * block_size`` on). ``slot_mapping`` is
-    where each new token's key and value go. Decode rows read their context through
-    ``decode_slots`` (``[rows, context]``, padded with an always-zero slot) under
-    ``decode_mask``.
+    where each new token's key and value go. Decode rows come in groups of similar
+    context length, so that a short row is not padded to the longest one.
     """
 
     key_cache: list[torch.Tensor]
     value_cache: list[torch.Tensor]
     slot_mapping: torch.Tensor
-    decode_token_index: torch.Tensor
-    decode_slots: torch.Tensor | None
-    decode_mask: torch.Tensor | None
+    decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
 
 
@@ -138,8 +168,8 @@ def attend(
             batch.block_size,
         )
     out = torch.empty_like(q)
-    if batch.decode_slots is not None:
-        out[batch.decode_token_index] = _decode(q, k_cache, v_cache, batch, scaling)
+    for group in batch.decode_groups:
+        out[group.token_index] = _decode(q, k_cache, v_cache, group, scaling)
     for chunk in batch.prefills:
         out[chunk.token_start : chunk.token_end] = _prefill(
             q, k, v, k_cache, v_cache, chunk, scaling
@@ -151,7 +181,7 @@ def _decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    batch: StepBatch,
+    group: DecodeGroup,
     scaling: float | None,
 ) -> torch.Tensor:
     """Decode rows: one query per sequence against its context, gathered from its
@@ -160,19 +190,17 @@ def _decode(
     Query heads sharing a KV head become that head's query rows, so grouped-query
     attention needs no repeated keys.
     """
-    if batch.decode_slots is None:
-        raise RuntimeError("a decode step needs its context slots")
-    num_rows, context_len = batch.decode_slots.shape
+    num_rows, context_len = group.slots.shape
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
-    rows = q[batch.decode_token_index].view(num_rows, num_kv_heads, -1, head_dim)
-    slots = batch.decode_slots.view(-1)
+    rows = q[group.token_index].view(num_rows, num_kv_heads, -1, head_dim)
+    slots = group.slots.view(-1)
     keys = k_cache.index_select(0, slots).view(num_rows, context_len, num_kv_heads, head_dim)
     values = v_cache.index_select(0, slots).view(num_rows, context_len, num_kv_heads, head_dim)
     attn = functional.scaled_dot_product_attention(
         rows,
         keys.transpose(1, 2),
         values.transpose(1, 2),
-        attn_mask=batch.decode_mask,
+        attn_mask=group.mask,
         scale=scaling,
     )
     return attn.reshape(num_rows, -1, head_dim)

@@ -16,7 +16,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from worker.engine.attention import ATTN_IMPLEMENTATION, PrefillChunk, StepBatch
+from worker.engine.attention import (
+    ATTN_IMPLEMENTATION,
+    DecodeGroup,
+    PrefillChunk,
+    StepBatch,
+    group_by_length,
+)
 from worker.engine.config import EngineConfig
 from worker.engine.cuda_graphs import PagedInputs, StepGraphs
 from worker.engine.fused_llama import FusedLlama
@@ -237,14 +243,13 @@ class ModelRunner:
         inputs = _FlatInputs(self.block_size)
         for item in scheduled:
             inputs.add(item)
-        decode_slots, decode_mask = self._decode_context(inputs.decode_tables, inputs.decode_lens)
         batch = StepBatch(
             key_cache=self.key_cache,
             value_cache=self.value_cache,
             slot_mapping=self._tensor(inputs.slot_mapping),
-            decode_token_index=self._tensor(inputs.decode_index),
-            decode_slots=decode_slots,
-            decode_mask=decode_mask,
+            decode_groups=self._decode_groups(
+                inputs.decode_index, inputs.decode_tables, inputs.decode_lens
+            ),
             prefills=[self._prefill_chunk(*chunk) for chunk in inputs.prefills],
         )
         pool_index = self._tensor(inputs.pool_index) if inputs.pool_index else None
@@ -276,23 +281,29 @@ class ModelRunner:
         slots = self._tensor(padded)[:, :, None] * self.block_size + offsets
         return slots.view(len(block_tables), -1)[:, :context_len]
 
-    def _decode_context(
-        self, block_tables: list[list[int]], context_lens: list[int]
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Each decode row's context slots, padded with the zero slot, and the mask
-        ``[rows, 1, 1, context]`` that hides the padding."""
-        if not block_tables:
-            return None, None
-        slots = self._block_slots(block_tables, max(context_lens))
-        positions = torch.arange(slots.shape[1], device=self.device)
-        valid = positions[None, :] < self._tensor(context_lens)[:, None]
-        slots = slots.masked_fill(~valid, self.null_slot)
-        if self.device.type == "cuda":
-            # An additive mask, made once for every layer: with a boolean one each
-            # layer's kernel converts it again.
-            bias = torch.zeros(valid.shape, dtype=self.dtype, device=self.device)
-            return slots, bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]
-        return slots, valid[:, None, None, :]
+    def _decode_groups(
+        self, token_index: list[int], block_tables: list[list[int]], context_lens: list[int]
+    ) -> list[DecodeGroup]:
+        """The decode rows in groups of similar context length (see
+        :func:`group_by_length`), each with its context slots, padded with the zero
+        slot, and the mask ``[rows, 1, 1, context]`` that hides the padding."""
+        groups = []
+        for rows in group_by_length(context_lens):
+            lens = [context_lens[r] for r in rows]
+            slots = self._block_slots([block_tables[r] for r in rows], max(lens))
+            positions = torch.arange(slots.shape[1], device=self.device)
+            valid = positions[None, :] < self._tensor(lens)[:, None]
+            slots = slots.masked_fill(~valid, self.null_slot)
+            index = self._tensor([token_index[r] for r in rows])
+            if self.device.type == "cuda":
+                # An additive mask, made once for every layer: with a boolean one each
+                # layer's kernel converts it again.
+                bias = torch.zeros(valid.shape, dtype=self.dtype, device=self.device)
+                mask = bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]
+            else:
+                mask = valid[:, None, None, :]
+            groups.append(DecodeGroup(index, slots, mask))
+        return groups
 
     def _prefill_chunk(
         self, token_start: int, token_end: int, start_pos: int, block_table: list[int]

@@ -76,10 +76,11 @@ class Sampler:
         self, logits: torch.Tensor, rows: list[SamplingRow]
     ) -> tuple[list[int], list[dict[str, Any] | None]]:
         raw = logits.float()
-        processed = self._process(raw.clone(), rows)
+        wants_logprobs = any(r.params.logprobs is not None for r in rows)
+        # Processing works in place; logprobs are of the raw logits, so keep a copy then.
+        processed = self._process(raw.clone() if wants_logprobs else raw, rows)
         token_ids = self._pick(processed, rows)
         num_top = max((r.params.logprobs or 0 for r in rows), default=0)
-        wants_logprobs = any(r.params.logprobs is not None for r in rows)
         packed = _pack(raw, token_ids, num_top) if wants_logprobs else token_ids[:, None]
         host: list[list[float]] = packed.double().cpu().tolist()  # the one device-to-host copy
         ids = [int(row[0]) for row in host]
