@@ -53,7 +53,8 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
     """The engine's settings, built once and validated before anything is announced
     (a model name, not yet its resolved path: that may mean a download or a conversion)."""
     if is_sim(opts.model):
-        return SimConfig.parse(opts.model)
+        sim = SimConfig.parse(opts.model)
+        return replace(sim, max_loras=opts.max_loras, max_lora_rank=opts.max_lora_rank)
     config = EngineConfig(
         model=opts.model,
         device=opts.device,

@@ -2,15 +2,69 @@
 -- lease them. The caller peeks candidates (ZRANGE); one another worker took first is
 -- skipped, so claims never double-assign. start.lua then runs each on its own slot
 -- and settle.lua drops the leases of those that may not start.
+-- A worker claims only what it can serve: a request marked with a LoRA rank (enqueue.lua)
+-- over the worker's largest rank stays queued for a worker that serves it. In place of
+-- each candidate it leaves so, the claim takes the next request of the same kind
+-- (resumed or new, so the caller's room for each still holds) that the worker can
+-- serve, among at most ARGV[4] entries past the candidates. It looks in queue order, so
+-- priority and fair order hold among what the worker can claim, and the look is
+-- bounded, so a queue full of adapter requests costs a base-only worker a short look
+-- per claim, never a spin over the whole queue.
 -- KEYS[1] queue   KEYS[2] leases (zset id -> expiry ms)   KEYS[3] owners (hash id -> token)
 -- KEYS[4] scores (hash id -> resumed queue score)   KEYS[5] seq counter
 -- KEYS[6] fair clock   KEYS[7] fair tags (new work moves its band's clock; _lib.lua)
--- ARGV[1] worker id   ARGV[2] lease ms   ARGV[3..] candidate ids
+-- KEYS[8] LoRA ranks (zset id -> rank of the model's adapter requests)
+-- ARGV[1] worker id   ARGV[2] lease ms   ARGV[3] the largest LoRA rank the worker serves
+-- (0: none; '': any, without looking at ranks)   ARGV[4] entries past the candidates it
+-- may look at   ARGV[5..] candidate ids
 -- Returns a flat list: id, lease token for each leased request.
+local max_rank = tonumber(ARGV[3])
+local ID_PATTERN = '^' .. string.rep('[0-9a-f]', 8) .. '%-' .. string.rep('[0-9a-f]', 24) .. '$'
+
+-- No mark: a base request, or one queued before requests were marked (rolling upgrade).
+local function servable(id)
+  if not max_rank then return true end
+  local rank = redis.call('ZSCORE', KEYS[8], id)
+  return not rank or tonumber(rank) <= max_rank
+end
+
+local function kind(score)
+  if tonumber(score) >= FRESH_OFFSET then return 'new' end
+  return 'resumed'
+end
+
+-- The candidates the worker can serve, how many of each kind it left, and the rank of
+-- the last one still queued.
+local picked, left, last = {}, {new = 0, resumed = 0}, -1
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[1], id)
+  if score then
+    last = math.max(last, redis.call('ZRANK', KEYS[1], id))
+    if servable(id) then
+      table.insert(picked, id)
+    else
+      left[kind(score)] = left[kind(score)] + 1
+    end
+  end
+end
+
+if left.new + left.resumed > 0 and tonumber(ARGV[4]) > 0 then
+  local past = redis.call('ZRANGE', KEYS[1], last + 1, last + tonumber(ARGV[4]), 'WITHSCORES')
+  for j = 1, #past, 2 do
+    local id, k = past[j], kind(past[j + 1])
+    -- Anything not an id (written by hand) is the caller's to drop when it reaches the head.
+    if left[k] > 0 and string.match(id, ID_PATTERN) and servable(id) then
+      table.insert(picked, id)
+      left[k] = left[k] - 1
+      if left.new + left.resumed == 0 then break end
+    end
+  end
+end
+
 local expiry = now_ms() + tonumber(ARGV[2])
 local out = {}
-for i = 3, #ARGV do
-  local id = ARGV[i]
+for _, id in ipairs(picked) do
   local score = redis.call('ZSCORE', KEYS[1], id)
   -- An id held under a lease is already someone's; its queue entry is a stale hint.
   if score and redis.call('ZREM', KEYS[1], id) == 1 and redis.call('HEXISTS', KEYS[3], id) == 0 then

@@ -9,7 +9,7 @@ from producer.client import Client
 from shared.errors import UnknownAdapter
 from tests.producer.dashboard.conftest import MODEL, AppFactory, World, http
 
-POET = {"model": MODEL, "name": "poet", "path": "/adapters/poet"}
+POET = {"model": MODEL, "name": "poet", "path": "/adapters/poet", "rank": 8}
 
 
 async def test_register_list_and_unregister(make_app: AppFactory, world: World) -> None:
