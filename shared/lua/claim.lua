@@ -51,10 +51,15 @@ end
 
 if left.new + left.resumed > 0 and tonumber(ARGV[4]) > 0 then
   local past = redis.call('ZRANGE', KEYS[1], last + 1, last + tonumber(ARGV[4]), 'WITHSCORES')
-  for j = 1, #past, 2 do
-    local id, k = past[j], kind(past[j + 1])
+  local ids = {}
+  for j = 1, #past, 2 do table.insert(ids, past[j]) end
+  -- One lookup for all their marks (false: none).
+  local marks = #ids > 0 and redis.call('ZMSCORE', KEYS[8], unpack(ids)) or {}
+  for n, id in ipairs(ids) do
+    local k = kind(past[2 * n])
+    local fits = not marks[n] or tonumber(marks[n]) <= max_rank
     -- Anything not an id (written by hand) is the caller's to drop when it reaches the head.
-    if left[k] > 0 and string.match(id, ID_PATTERN) and servable(id) then
+    if left[k] > 0 and fits and string.match(id, ID_PATTERN) then
       table.insert(picked, id)
       left[k] = left[k] - 1
       if left.new + left.resumed == 0 then break end
