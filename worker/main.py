@@ -135,6 +135,7 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
         "max_num_seqs": engine.config.max_num_seqs,
         "kv_cache_mib": engine.kv_cache_budget_bytes // 2**20,
         "max_loras": getattr(engine.config, "max_loras", 0),
+        "max_lora_rank": engine.lora_rank_limit(),  # 0: it claims no adapter requests
     }
     if engine.embedding_size is not None:  # the gateway refuses larger ``dimensions``
         info["embedding_size"] = engine.embedding_size

@@ -67,9 +67,13 @@ def worker_ids(connection: redis.Redis) -> dict[int, str]:
 def test_every_adapter_request_is_served_by_the_worker_that_serves_adapters(
     start: Start, redis_server: EmbeddedRedis, real_redis: redis.Redis
 ) -> None:
-    base_only, with_loras = start("--max-loras", "0"), start()
+    workers = base_only, with_loras = start("--max-loras", "0"), start()
     wait_until(lambda: len(worker_ids(real_redis)) == 2, 60, "both workers to register")
     by_pid = worker_ids(real_redis)
+    # Each says in the registry which adapter requests it claims.
+    wait_until(lambda: num_serving(real_redis) == 2, 60, "both workers to serve")
+    ranks = [real_redis.hget(Keys().worker(by_pid[p.pid]), "max_lora_rank") for p in workers]
+    assert ranks == [b"0", b"16"]
     register_lora(real_redis, Keys(), new_adapter(SIM, "poet", "/on/the/workers/poet", 8))
     with Client(settings=Settings(redis_url=redis_server.url, max_queued=1000)) as client:
         # Adapter requests first and at a higher priority: they head the queue, where
