@@ -21,11 +21,16 @@
 local max_rank = tonumber(ARGV[3])
 local ID_PATTERN = '^' .. string.rep('[0-9a-f]', 8) .. '%-' .. string.rep('[0-9a-f]', 24) .. '$'
 
+-- The marks of 'ids' in one lookup (false: none), none looked up for a worker that
+-- serves any rank.
+local function marks_of(ids)
+  if not max_rank or #ids == 0 then return {} end
+  return redis.call('ZMSCORE', KEYS[8], unpack(ids))
+end
+
 -- No mark: a base request, or one queued before requests were marked (rolling upgrade).
-local function servable(id)
-  if not max_rank then return true end
-  local rank = redis.call('ZSCORE', KEYS[8], id)
-  return not rank or tonumber(rank) <= max_rank
+local function fits(mark)
+  return not mark or tonumber(mark) <= max_rank
 end
 
 local function kind(score)
@@ -33,39 +38,41 @@ local function kind(score)
   return 'resumed'
 end
 
--- The candidates the worker can serve, how many of each kind it left, and the rank of
--- the last one still queued.
-local picked, left, last = {}, {new = 0, resumed = 0}, -1
-for i = 5, #ARGV do
-  local id = ARGV[i]
+-- The candidates the worker can serve, and how many of each kind it left.
+local candidates = {unpack(ARGV, 5)}
+local marks = marks_of(candidates)
+local picked, left = {}, {new = 0, resumed = 0}
+for n, id in ipairs(candidates) do
   local score = redis.call('ZSCORE', KEYS[1], id)
-  if score then
-    last = math.max(last, redis.call('ZRANK', KEYS[1], id))
-    if servable(id) then
+  if score and fits(marks[n]) then
+    table.insert(picked, id)
+  elseif score then
+    left[kind(score)] = left[kind(score)] + 1
+  end
+end
+
+-- In place of those left, the next ones it can serve past the last candidate queued.
+local function look_past(limit)
+  local last = -1
+  for _, id in ipairs(candidates) do
+    last = math.max(last, redis.call('ZRANK', KEYS[1], id) or -1)
+  end
+  local past = redis.call('ZRANGE', KEYS[1], last + 1, last + limit, 'WITHSCORES')
+  local ids = {}
+  for j = 1, #past, 2 do table.insert(ids, past[j]) end
+  local past_marks = marks_of(ids)
+  for n, id in ipairs(ids) do
+    local k = kind(past[2 * n])
+    -- Anything not an id (written by hand) is the caller's to drop when it reaches the head.
+    if left[k] > 0 and fits(past_marks[n]) and string.match(id, ID_PATTERN) then
       table.insert(picked, id)
-    else
-      left[kind(score)] = left[kind(score)] + 1
+      left[k] = left[k] - 1
+      if left.new + left.resumed == 0 then return end
     end
   end
 end
 
-if left.new + left.resumed > 0 and tonumber(ARGV[4]) > 0 then
-  local past = redis.call('ZRANGE', KEYS[1], last + 1, last + tonumber(ARGV[4]), 'WITHSCORES')
-  local ids = {}
-  for j = 1, #past, 2 do table.insert(ids, past[j]) end
-  -- One lookup for all their marks (false: none).
-  local marks = #ids > 0 and redis.call('ZMSCORE', KEYS[8], unpack(ids)) or {}
-  for n, id in ipairs(ids) do
-    local k = kind(past[2 * n])
-    local fits = not marks[n] or tonumber(marks[n]) <= max_rank
-    -- Anything not an id (written by hand) is the caller's to drop when it reaches the head.
-    if left[k] > 0 and fits and string.match(id, ID_PATTERN) then
-      table.insert(picked, id)
-      left[k] = left[k] - 1
-      if left.new + left.resumed == 0 then break end
-    end
-  end
-end
+if left.new + left.resumed > 0 and tonumber(ARGV[4]) > 0 then look_past(tonumber(ARGV[4])) end
 
 local expiry = now_ms() + tonumber(ARGV[2])
 local out = {}
