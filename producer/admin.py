@@ -51,8 +51,11 @@ class Admin:
             ids = [text(m) for m in self.redis.zrange(self.keys.dead(tag), 0, -1)]
             pipe = self.redis.pipeline(transaction=False)
             for rid in ids:
-                pipe.delete(self.keys.request(rid), self.keys.stream(rid))
+                # One key per DEL: a cluster pipeline refuses a multi-key DEL.
+                pipe.delete(self.keys.request(rid))
+                pipe.delete(self.keys.stream(rid))
                 pipe.zrem(self.keys.dead(tag), rid)
+                pipe.zrem(self.keys.lora_ranks(tag), rid)  # kept while dead-lettered (settle.lua)
             pipe.execute()
             purged += len(ids)
         return purged

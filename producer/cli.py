@@ -44,8 +44,12 @@ def worker(
     pooling: Annotated[
         str, typer.Option(help="how embeddings pool the last hidden state: mean, last or cls")
     ] = "mean",
-    max_loras: Annotated[int, typer.Option(help="LoRA adapters resident at once")] = 4,
-    max_lora_rank: Annotated[int, typer.Option(help="the largest adapter rank it loads")] = 16,
+    max_loras: Annotated[
+        int, typer.Option(help="LoRA adapters resident at once (0: claims no adapter requests)")
+    ] = 4,
+    max_lora_rank: Annotated[
+        int, typer.Option(help="the largest adapter rank it loads (and claims requests of)")
+    ] = 16,
     burst: Annotated[bool, typer.Option(help="exit once the queue is empty")] = False,
     enforce_eager: Annotated[
         bool, typer.Option(help="on CUDA, run every step eagerly (no CUDA graphs)")

@@ -28,17 +28,23 @@ def add(
     model: ModelArg,
     name: Annotated[str, typer.Argument(help="the adapter's name in requests")],
     path: Annotated[str, typer.Argument(help="a PEFT directory or a .safetensors file")],
+    rank: Annotated[
+        int | None,
+        typer.Option(help="the adapter's rank, when PATH is only on the workers' hosts"),
+    ] = None,
     redis_url: RedisOpt = None,
 ) -> None:
     """Register (or replace) adapter NAME of MODEL; every worker of MODEL must be able
-    to read PATH (a relative path is made absolute here)."""
+    to read PATH (a relative path is made absolute here). Its rank is read from PATH;
+    only workers whose --max-lora-rank covers it claim its requests."""
     with cli_errors(console, redis_url):
         local = Path(path).expanduser().absolute()
         _check_local(local)
-        adapter = new_adapter(model, name, str(local))
+        adapter = new_adapter(model, name, str(local), rank)
         with _registry(redis_url) as (connection, keys):
             added = register_lora(connection, keys, adapter)
-        print(f"{'registered' if added else 'replaced'} {model}:{name} -> {local}")
+        verb = "registered" if added else "replaced"
+        print(f"{verb} {model}:{name} -> {local} (rank {adapter.rank})")
 
 
 @lora_app.command("list")
@@ -50,7 +56,7 @@ def list_(
     with cli_errors(console, redis_url), _registry(redis_url) as (connection, keys):
         adapters = list_loras(connection, keys, model)
         for a in adapters:
-            print(f"{a.model}:{a.name}  {a.path}")
+            print(f"{a.model}:{a.name}  {a.path}  rank {a.rank or '?'}")
         console.print(f"[dim]{len(adapters)} adapter(s) for {model}[/]")
 
 

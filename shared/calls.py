@@ -71,6 +71,7 @@ def enqueue_call(
             keys.fair_clock(tag),
             keys.fair_tags(tag),
             keys.loras(tag),
+            keys.lora_ranks(tag),
         ],
         [
             request_id,
@@ -98,9 +99,22 @@ def _idempotency_key(keys: Keys, request_id: str, digest: str | None) -> str:
     return keys.idempotency(digest or request_tag(request_id).ljust(64, "-"))
 
 
+# Queue entries past its candidates that a claim looks at for requests the worker can
+# serve, in place of candidates whose LoRA rank it cannot (claim.lua): bounded, so a
+# queue full of adapter requests costs a base-only worker a short look per claim.
+CLAIM_LOOK_PAST = 64
+
+
 def claim_call(
-    keys: Keys, settings: Settings, tag: str, worker_id: str, ids: list[str]
+    keys: Keys,
+    settings: Settings,
+    tag: str,
+    worker_id: str,
+    ids: list[str],
+    max_lora_rank: int | None = None,
 ) -> ScriptCall:
+    """``max_lora_rank``: the largest adapter rank the worker serves (0: none); None
+    claims every candidate whatever its adapter."""
     return ScriptCall(
         "claim",
         [
@@ -111,8 +125,15 @@ def claim_call(
             keys.seq(tag),
             keys.fair_clock(tag),
             keys.fair_tags(tag),
+            keys.lora_ranks(tag),
         ],
-        [worker_id, settings.lease_ms, *ids],
+        [
+            worker_id,
+            settings.lease_ms,
+            "" if max_lora_rank is None else max_lora_rank,
+            CLAIM_LOOK_PAST,
+            *ids,
+        ],
     )
 
 
@@ -248,6 +269,7 @@ def settle_call(keys: Keys, tag: str, moved: list[Moved]) -> ScriptCall:
             keys.dead(tag),
             keys.recent(tag),
             keys.failed(tag),
+            keys.lora_ranks(tag),
         ],
         [keys.lifecycle_channel(), *quints],
     )

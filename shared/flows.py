@@ -127,11 +127,20 @@ def _digest(req: GenerationRequest) -> str | None:
 
 
 def claim_flow(
-    keys: Keys, settings: Settings, tag: str, worker_id: str, ids: list[str]
+    keys: Keys,
+    settings: Settings,
+    tag: str,
+    worker_id: str,
+    ids: list[str],
+    max_lora_rank: int | None = None,
 ) -> Flow[list[Claimed]]:
     """Lease candidates on the model's slot, start each on its own slot, and drop the
-    leases of those that may not start (taken, cancelled, expired, gone)."""
-    (reply,) = yield [claim_call(keys, settings, tag, worker_id, ids)]
+    leases of those that may not start (taken, cancelled, expired, gone). With
+    ``max_lora_rank`` (0: the worker serves no adapters) a candidate whose adapter's rank
+    is over it stays queued, and one further on that the worker can serve is leased in
+    its place (``shared.calls.claim_call``)."""
+    call = claim_call(keys, settings, tag, worker_id, ids, max_lora_rank)
+    (reply,) = yield [call]
     leased = parse_claim(reply)
     started = yield [start_call(keys, settings, i, token, worker_id) for i, token in leased]
     outcomes = [parse_start(r, i, token) for r, (i, token) in zip(started, leased, strict=True)]

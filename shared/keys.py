@@ -111,6 +111,12 @@ class Keys:
         model (enqueue.lua refuses a request naming another)."""
         return self._q(tag, "loras")
 
+    def lora_ranks(self, tag: str) -> str:
+        """Zset id -> adapter rank of the model's requests with a LoRA adapter, from
+        enqueue until they end (kept while dead-lettered): claim.lua leaves a worker the
+        ones it cannot serve. A request without an entry is a base request."""
+        return self._q(tag, "lora_ranks")
+
     def scores(self, tag: str) -> str:
         """Hash id -> the queue score a claimed request goes back to if put back."""
         return self._q(tag, "scores")

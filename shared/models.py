@@ -23,6 +23,7 @@ MAX_N = 16
 MAX_EMBEDDING_DIMENSIONS = 65_536
 # A LoRA adapter's name: no ':' (the OpenAI routes read ``model: "base:adapter"``) or '/'.
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][\w.\-]{0,63}$"
+MAX_LORA_RANK = 4096
 # What a request asks of the model: generated tokens, or the prompt's pooled hidden
 # state (an embedding; prefill only, no sampling).
 Task = Literal["generate", "embed"]
@@ -206,6 +207,10 @@ class LoraAdapter(_Strict):
     model: str = Field(min_length=1, max_length=200)
     path: str = Field(min_length=2, max_length=4096)
     registered_ms: int = Field(0, ge=0)
+    # The largest rank of its LoRA pairs: a worker claims its requests only within its
+    # --max-lora-rank. 0 in a record registered before ranks were kept (any worker
+    # that serves adapters claims those).
+    rank: int = Field(0, ge=0, le=MAX_LORA_RANK)
 
     @field_validator("path")
     @classmethod

@@ -53,7 +53,8 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
     """The engine's settings, built once and validated before anything is announced
     (a model name, not yet its resolved path: that may mean a download or a conversion)."""
     if is_sim(opts.model):
-        return SimConfig.parse(opts.model)
+        sim = SimConfig.parse(opts.model)
+        return replace(sim, max_loras=opts.max_loras, max_lora_rank=opts.max_lora_rank)
     config = EngineConfig(
         model=opts.model,
         device=opts.device,
@@ -134,6 +135,7 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
         "max_num_seqs": engine.config.max_num_seqs,
         "kv_cache_mib": engine.kv_cache_budget_bytes // 2**20,
         "max_loras": getattr(engine.config, "max_loras", 0),
+        "max_lora_rank": engine.lora_rank_limit(),  # 0: it claims no adapter requests
     }
     if engine.embedding_size is not None:  # the gateway refuses larger ``dimensions``
         info["embedding_size"] = engine.embedding_size

@@ -48,6 +48,7 @@ class EngineLike(Protocol):
     def num_free_slots(self, resumed: bool = False) -> int: ...
     def stats(self) -> dict[str, float]: ...
     def resident_loras(self) -> list[str]: ...
+    def lora_rank_limit(self) -> int: ...
 
 
 class WorkerService:
@@ -213,7 +214,9 @@ class WorkerService:
         ids = self._valid_ids(self._candidates(room, free))
         if not ids:
             return 0
-        flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
+        flow = claim_flow(
+            self.keys, self.settings, self.tag, self.worker_id, ids, self.engine.lora_rank_limit()
+        )
         claimed = drive(self.scripts, flow)
         for c in claimed:
             self._admit(c)

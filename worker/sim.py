@@ -27,6 +27,17 @@ class SimConfig:
     knee: int = 32
     max_num_seqs: int = 64
     max_model_len: int = 8192
+    # From the worker's --max-loras and --max-lora-rank: which adapter requests it
+    # claims (it runs them as the base model).
+    max_loras: int = 4
+    max_lora_rank: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 0 or self.max_lora_rank < 1:
+            raise ValueError(
+                f"--max-loras must be at least 0 (got {self.max_loras}) and --max-lora-rank "
+                f"at least 1 (got {self.max_lora_rank})"
+            )
 
     @classmethod
     def parse(cls, model: str) -> SimConfig:
@@ -35,13 +46,16 @@ class SimConfig:
         fields: dict[str, Any] = {}
         for item in filter(None, spec.split(",")):
             name, _, value = item.partition("=")
-            if name not in cls.__dataclass_fields__:
+            if name not in SPEC_FIELDS:
                 raise ValueError(f"unknown simulation setting {name!r} in {model!r}")
             fields[name] = float(value) if name == "step_ms" else int(value)
         return cls(**fields)
 
     def step_s(self, batch: int) -> float:
         return self.step_ms / 1000 * max(1.0, batch / self.knee)
+
+
+SPEC_FIELDS = ("step_ms", "knee", "max_num_seqs", "max_model_len")
 
 
 def is_sim(model: str) -> bool:
@@ -97,6 +111,9 @@ class SimEngine:
 
     def resident_loras(self) -> list[str]:
         return []  # the simulation runs every request as the base model
+
+    def lora_rank_limit(self) -> int:
+        return 0 if self.sim.max_loras == 0 else self.sim.max_lora_rank
 
     def step(self) -> list[RequestOutput]:
         time.sleep(self.sim.step_s(len(self.running)))

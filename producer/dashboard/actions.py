@@ -62,6 +62,7 @@ class AsyncAdmin:
         for rid in ids:
             pipe.delete(self.keys.request(rid), self.keys.stream(rid))
             pipe.zrem(self.keys.dead(tag), rid)
+            pipe.zrem(self.keys.lora_ranks(tag), rid)  # kept while dead-lettered (settle.lua)
         await pipe.execute()
         return len(ids)
 

@@ -6,6 +6,7 @@ page calls the same ones.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ class LoraBody(BaseModel):
     model: str
     name: str
     path: str
+    rank: int | None = None  # read from ``path`` when the gateway's host can see it
 
 
 def add_routes(router: APIRouter, dash: Dashboard) -> None:
@@ -44,8 +46,10 @@ def add_routes(router: APIRouter, dash: Dashboard) -> None:
     @router.post("/api/loras", dependencies=[Depends(operator)], status_code=201)
     async def register(body: LoraBody) -> dict[str, Any]:
         """Register (or replace) an adapter: a PEFT directory or a safetensors file at a
-        path the model's workers can read; they load it when a request needs it."""
-        adapter = new_adapter(body.model, body.name, body.path)
+        path the model's workers can read; they load it when a request needs it. Its
+        rank is read from the path, or given as ``rank`` when only the workers see it."""
+        fields = (body.model, body.name, body.path, body.rank)
+        adapter = await asyncio.to_thread(new_adapter, *fields)  # reads the weights' header
         added = await register_lora_async(dash.redis, dash.keys, adapter)
         return {**adapter.model_dump(), "replaced": not added}
 

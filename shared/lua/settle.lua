@@ -4,12 +4,15 @@
 -- repeat after a crash changes nothing.
 -- KEYS[1] leases   KEYS[2] owners   KEYS[3] scores   KEYS[4] queue   KEYS[5] wakeup list
 -- KEYS[6] deadlines   KEYS[7] dead-letter set   KEYS[8] recent index   KEYS[9] failed index
+-- KEYS[10] LoRA ranks (claim.lua)
 -- ARGV[1] lifecycle channel   then quints ARGV[5i - 3 .. 5i + 1]: id, lease token (''
 -- for a request no worker held: a cancel or expiry while queued), its state, finished
 -- ms or '', '1' when it published nothing else ''
 -- State 'queued' with a token puts the id back ahead of new work (its resumed score), or,
 -- when it published nothing, among new work at the place it had (no reader is mid-answer);
 -- a terminal state drops it from the queue and deadlines and files it in history.
+-- Its LoRA rank mark goes with it, except for a dead letter (a retry queues it again:
+-- purging dead letters drops their marks); one put back keeps it.
 -- Returns the number of ids moved.
 local TERMINAL = {finished = true, failed = true, cancelled = true, expired = true, dead = true}
 local HISTORY_MAX = 1000
@@ -47,10 +50,13 @@ for a = 2, #ARGV, 5 do
     elseif TERMINAL[state] then
       redis.call('ZREM', KEYS[4], id)
       redis.call('ZREM', KEYS[6], id)
+      if state ~= 'dead' then redis.call('ZREM', KEYS[10], id) end
       if at_ms ~= '' then
         remember(id, state, tonumber(at_ms))
         if state == 'dead' then redis.call('ZADD', KEYS[7], at_ms, id) end
       end
+    elseif state == 'missing' then
+      redis.call('ZREM', KEYS[10], id)  -- its hash is gone: nothing will run it
     end
     moved = moved + 1
   end

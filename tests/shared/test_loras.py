@@ -17,9 +17,11 @@ KEYS = Keys()
 
 
 def test_register_list_replace_and_remove(any_redis: redis.Redis) -> None:
-    assert register_lora(any_redis, KEYS, new_adapter("m", "poet", "/a/poet"))
-    assert register_lora(any_redis, KEYS, new_adapter("m", "clerk", "/a/clerk"))
-    assert not register_lora(any_redis, KEYS, new_adapter("m", "poet", "/b/poet"))  # replaced
+    assert register_lora(any_redis, KEYS, new_adapter("m", "poet", "/a/poet", rank=8))
+    assert register_lora(any_redis, KEYS, new_adapter("m", "clerk", "/a/clerk", rank=8))
+    assert not register_lora(
+        any_redis, KEYS, new_adapter("m", "poet", "/b/poet", rank=8)
+    )  # replaced
     assert [(a.name, a.path) for a in list_loras(any_redis, KEYS, "m")] == [
         ("clerk", "/a/clerk"),
         ("poet", "/b/poet"),
@@ -56,7 +58,7 @@ def test_an_unregistered_adapter_is_refused_at_submit(client: Client) -> None:
         client.submit("hi", lora="poet")
     assert "tokenq lora add" in str(info.value)
     assert client.redis.zcard(KEYS.queue(model_tag(DEFAULT_MODEL))) == 0
-    register_lora(client.redis, KEYS, new_adapter(DEFAULT_MODEL, "poet", "/adapters/poet"))
+    register_lora(client.redis, KEYS, new_adapter(DEFAULT_MODEL, "poet", "/adapters/poet", rank=8))
     handle = client.submit("hi", lora="poet")
     assert handle.position() == 0
     payload = client.redis.hget(KEYS.request(handle.id), "payload")
@@ -65,7 +67,7 @@ def test_an_unregistered_adapter_is_refused_at_submit(client: Client) -> None:
 
 
 def test_an_adapter_of_another_model_is_refused(client: Client) -> None:
-    register_lora(client.redis, KEYS, new_adapter("m", "poet", "/adapters/poet"))
+    register_lora(client.redis, KEYS, new_adapter("m", "poet", "/adapters/poet", rank=8))
     with pytest.raises(UnknownAdapter, match=f"not registered for model '{DEFAULT_MODEL}'"):
         client.submit("hi", lora="poet")
     assert client.submit("hi", model="m", lora="poet").position() == 0

@@ -23,6 +23,8 @@ class ScriptedEngine:
     # Requests to end at their next step with FinishReason.ERROR and this message.
     failing: dict[str, str] = field(default_factory=dict)
     max_prompt_tokens: int = 1000
+    # The largest LoRA rank it serves (0: none), as the worker's --max-lora-rank.
+    lora_rank: int = 16
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
@@ -52,6 +54,9 @@ class ScriptedEngine:
 
     def resident_loras(self) -> list[str]:
         return sorted({r.lora.name for r in self.running.values() if r.lora is not None})
+
+    def lora_rank_limit(self) -> int:
+        return self.lora_rank
 
     def step(self) -> list[RequestOutput]:
         return [self._advance(req) for req in list(self.running.values())]

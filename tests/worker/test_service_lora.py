@@ -11,7 +11,7 @@ import pytest
 from producer.client import Client
 from shared.keys import Keys
 from shared.loras import new_adapter, register_lora, remove_lora
-from shared.models import FinishReason
+from shared.models import FinishReason, RequestState
 from shared.settings import Settings
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
@@ -25,7 +25,7 @@ MODEL = "m"
 def setup(fake_redis: fakeredis.FakeRedis) -> tuple[Client, WorkerService, ScriptedEngine]:
     settings = Settings()
     serve(fake_redis, MODEL)
-    register_lora(fake_redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet"))
+    register_lora(fake_redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet", rank=8))
     engine = ScriptedEngine()
     service = WorkerService(engine, fake_redis, settings, MODEL, "w1")
     return Client(connection=fake_redis, settings=settings), service, engine
@@ -53,3 +53,17 @@ def test_an_adapter_unregistered_after_submit_fails_the_request(setup: Any) -> N
     assert result.error is not None
     assert "LoRA adapter 'poet' is no longer registered for model 'm'" in result.error
     assert handle.id not in engine.running
+
+
+def test_a_worker_that_serves_no_adapters_leaves_their_requests_queued(setup: Any) -> None:
+    client, _, _ = setup
+    engine = ScriptedEngine(lora_rank=0)  # as --max-loras 0
+    base_only = WorkerService(engine, client.redis, client.settings, MODEL, "base-only")
+    with_lora = client.submit("p", model=MODEL, lora="poet", max_tokens=2, priority="high")
+    plain = client.submit("p", model=MODEL, max_tokens=2)
+    assert base_only.intake() == 1
+    assert list(engine.running) == [plain.id]
+    assert with_lora.status().state is RequestState.QUEUED
+    _, lora_service, lora_engine = setup
+    assert lora_service.intake() == 1
+    assert list(lora_engine.running) == [with_lora.id]

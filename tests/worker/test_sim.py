@@ -4,6 +4,7 @@ import pytest
 
 from shared.models import FinishReason, SamplingParams
 from worker.engine.request import EngineRequest
+from worker.main import WorkerOptions, engine_config
 from worker.sim import SimConfig, SimEngine, is_sim
 
 
@@ -13,6 +14,20 @@ def test_parse_settings_and_refuse_unknown_ones() -> None:
     with pytest.raises(ValueError, match="unknown simulation setting 'speed'"):
         SimConfig.parse("sim:speed=3")
     assert is_sim("sim:") and not is_sim("SmolLM2-135M-Instruct")
+
+
+def test_the_worker_s_lora_options_say_which_adapter_requests_it_claims() -> None:
+    def limit(max_loras: int = 4, max_lora_rank: int = 16) -> int:
+        options = WorkerOptions("sim:knee=4", max_loras=max_loras, max_lora_rank=max_lora_rank)
+        config = engine_config(options)
+        assert isinstance(config, SimConfig)
+        return SimEngine(config).lora_rank_limit()
+
+    assert (limit(), limit(max_lora_rank=64), limit(max_loras=0)) == (16, 64, 0)
+    with pytest.raises(ValueError, match="--max-lora-rank at least 1"):
+        limit(max_lora_rank=0)
+    with pytest.raises(ValueError, match="unknown simulation setting 'max_loras'"):
+        SimConfig.parse("sim:max_loras=0")  # the worker's --max-loras says it
 
 
 def test_step_time_is_flat_until_the_knee_then_linear() -> None:

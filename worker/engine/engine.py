@@ -208,6 +208,11 @@ class Engine:
             )
         store.check(lora)
 
+    def lora_rank_limit(self) -> int:
+        """The largest adapter rank this engine serves, 0 when it serves none: the worker
+        claims only the adapter requests within it."""
+        return 0 if self.runner.lora is None else self.runner.lora.max_lora_rank
+
     def resident_loras(self) -> list[str]:
         """The adapters loaded now, for the worker registry."""
         return [] if self.runner.lora is None else self.runner.lora.resident

@@ -23,7 +23,8 @@ export class Loras {
   row(adapter) {
     const tr = document.createElement("tr");
     const when = new Date(adapter.registered_ms).toLocaleString();
-    for (const value of [adapter.model, adapter.name, adapter.path, when]) {
+    const rank = adapter.rank || "?";  // 0: registered before ranks were kept
+    for (const value of [adapter.model, adapter.name, adapter.path, rank, when]) {
       const td = document.createElement("td");
       td.textContent = value;
       tr.append(td);
@@ -45,6 +46,8 @@ export class Loras {
       name: this.$("lora-name").value.trim(),
       path: this.$("lora-path").value.trim(),
     };
+    const rank = this.$("lora-rank").value.trim();
+    if (rank) json.rank = Number(rank);
     try {
       await api("loras", { method: "POST", json });
       this.onAction(`${json.model}: adapter ${json.name} registered`);

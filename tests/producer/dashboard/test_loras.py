@@ -3,13 +3,16 @@ who may view lists them; only the admin token registers and unregisters."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from producer.client import Client
 from shared.errors import UnknownAdapter
+from tests.lora_files import write_peft_dir
 from tests.producer.dashboard.conftest import MODEL, AppFactory, World, http
 
-POET = {"model": MODEL, "name": "poet", "path": "/adapters/poet"}
+POET = {"model": MODEL, "name": "poet", "path": "/adapters/poet", "rank": 8}
 
 
 async def test_register_list_and_unregister(make_app: AppFactory, world: World) -> None:
@@ -51,3 +54,22 @@ async def test_a_bad_adapter_is_refused_saying_why(make_app: AppFactory) -> None
     assert "give an absolute path" in relative.json()["error"]["message"]
     assert colon.status_code == 400
     assert "name: String should match pattern" in colon.json()["error"]["message"]
+
+
+async def test_the_rank_is_read_from_the_adapter_or_taken_as_given(
+    make_app: AppFactory, tmp_path: Path
+) -> None:
+    clerk = {"model": MODEL, "name": "clerk", "path": str(write_peft_dir(tmp_path / "c", 4))}
+    elsewhere = {"model": MODEL, "name": "poet", "path": "/only/on/the/workers/poet"}
+    async with http(make_app()) as client:
+        read = await client.post("/admin/api/loras", json=clerk)
+        wrong = await client.post("/admin/api/loras", json={**clerk, "rank": 8})
+        unknown = await client.post("/admin/api/loras", json=elsewhere)
+        given = await client.post("/admin/api/loras", json={**elsewhere, "rank": 32})
+        listed = await client.get("/admin/api/loras")
+    assert read.status_code == 201 and read.json()["rank"] == 4
+    assert wrong.status_code == 400 and "has rank 4, not 8" in wrong.json()["error"]["message"]
+    assert unknown.status_code == 400
+    assert "cannot read the rank of the LoRA adapter" in unknown.json()["error"]["message"]
+    assert given.status_code == 201
+    assert [(a["name"], a["rank"]) for a in listed.json()] == [("clerk", 4), ("poet", 32)]

@@ -22,7 +22,7 @@ def stored(gateway: RunningGateway, reply: httpx.Response) -> GenerationRequest:
 
 
 def test_openai_routes_name_an_adapter_as_base_colon_adapter(gateway: RunningGateway) -> None:
-    register_lora(gateway.redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet"))
+    register_lora(gateway.redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet", rank=8))
     with gateway.client() as http:
         reply = http.post("/v1/chat/completions", json={**CHAT, "model": f"{MODEL}:poet"})
     assert reply.status_code == 200
@@ -46,7 +46,7 @@ def test_an_unknown_adapter_is_refused_on_every_route(gateway: RunningGateway) -
 
 
 def test_the_native_route_takes_a_lora_field(gateway: RunningGateway) -> None:
-    register_lora(gateway.redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet"))
+    register_lora(gateway.redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet", rank=8))
     with gateway.client() as http:
         reply = http.post("/v1/requests", json={"model": MODEL, "prompt": "hi", "lora": "poet"})
     assert reply.status_code == 202
@@ -54,8 +54,8 @@ def test_the_native_route_takes_a_lora_field(gateway: RunningGateway) -> None:
 
 
 def test_models_lists_each_adapter_under_its_base(gateway: RunningGateway) -> None:
-    register_lora(gateway.redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet"))
-    register_lora(gateway.redis, Keys(), new_adapter("not-served", "x", "/adapters/x"))
+    register_lora(gateway.redis, Keys(), new_adapter(MODEL, "poet", "/adapters/poet", rank=8))
+    register_lora(gateway.redis, Keys(), new_adapter("not-served", "x", "/adapters/x", rank=8))
     with gateway.client() as http:
         listed = http.get("/v1/models").json()["data"]
         one = http.get(f"/v1/models/{MODEL}:poet")

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from shared.loras import read_rank
 from tests.lora_adapters import SPECS, make_adapter, merged_greedy
 from tests.worker.engine.conftest import EngineFactory
 from tests.worker.engine.factories import make_request
 from worker.engine import Engine, RequestOutput
+from worker.engine.lora_weights import load_adapter
 from worker.engine.request import LoraRef
 
 MAX_TOKENS = 12
@@ -128,3 +130,12 @@ def test_an_adapter_the_worker_cannot_serve_is_refused_with_the_reason(
         engine.add_request(make_request(prompt, lora=missing))
     assert not engine.has_unfinished_requests()
     assert run(engine, prompt, adapters["pirate"])  # rank 4 fits
+    # What its claims pass on, so that it is not handed those in the first place.
+    assert engine.lora_rank_limit() == 4
+    assert make_engine(max_loras=0).lora_rank_limit() == 0
+
+
+def test_the_registry_reads_the_rank_the_worker_counts(adapters: dict[str, LoraRef]) -> None:
+    for spec in SPECS:
+        path = adapters[spec.name].path
+        assert read_rank(path) == load_adapter(path).rank == spec.rank
