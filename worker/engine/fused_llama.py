@@ -10,7 +10,7 @@ is not plainly Llama-shaped runs through transformers' own forward instead.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn import functional
@@ -63,8 +63,8 @@ class FusedLlama:
         rope = (cos[0, :, None, :], sin[0, :, None, :])
         for index, layer in enumerate(self.layers):
             x = self._layer(index, layer, x, rope, batch)
-        logits: torch.Tensor = self.model.lm_head(inner.norm(x[logits_index]))
-        pooled = None if pool_index is None else inner.norm(x[pool_index])
+        logits: torch.Tensor = self.model.lm_head(_norm(inner.norm, x[logits_index]))
+        pooled = None if pool_index is None else _norm(inner.norm, x[pool_index])
         return logits, pooled
 
     def _layer(
@@ -76,7 +76,7 @@ class FusedLlama:
         batch: StepBatch | PagedStep,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        h = layer.input_layernorm(x)
+        h = _norm(layer.input_layernorm, x)
         qkv = apply_lora(self.lora, index, "qkv", h, functional.linear(h, self.qkv[index]))
         # Queries and keys lie side by side in the fused output: one rotation for both.
         qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
@@ -86,7 +86,7 @@ class FusedLlama:
         attn = attend(index, q, k, v, batch, layer.self_attn.scaling)
         attn = attn.reshape(num_tokens, -1)
         x = x + apply_lora(self.lora, index, "o", attn, layer.self_attn.o_proj(attn))
-        h = layer.post_attention_layernorm(x)
+        h = _norm(layer.post_attention_layernorm, x)
         gate_up = apply_lora(
             self.lora, index, "gate_up", h, functional.linear(h, self.gate_up[index])
         )
@@ -94,6 +94,14 @@ class FusedLlama:
         h = layer.mlp.act_fn(gate) * up
         mlp_out: torch.Tensor = apply_lora(self.lora, index, "down", h, layer.mlp.down_proj(h))
         return x + mlp_out
+
+
+def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm; in fp32 as torch's one fused op (the same values, one
+    pass instead of five: on the CPU each op is a parallel region of its own)."""
+    if x.dtype != torch.float32:
+        return cast(torch.Tensor, norm(x))
+    return functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
 def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
