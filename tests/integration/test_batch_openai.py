@@ -1,6 +1,6 @@
-"""Batch lines with tools and n through the real batch path (RQ worker processes, a
-real redis-server, a worker on the default model) answer what the live route answers
-for the same body."""
+"""Batch lines with tools and n, and embeddings lines, through the real batch path (RQ
+worker processes, a real redis-server, a worker on the default model) answer what the
+live route answers for the same body."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import openai
 import orjson
 import pytest
@@ -40,6 +41,8 @@ BODIES: dict[str, dict[str, Any]] = {
     },
     "bad": {"messages": [{"role": "user", "content": "hi"}], "temperature": -1},
 }
+TEXT = "The tide comes in twice a day."
+EMBED = {"input": TEXT}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,7 @@ def run_batch(url: str, log_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             {"custom_id": custom_id, "url": "/v1/chat/completions", "body": body}
             for custom_id, body in BODIES.items()
         ]
+        lines.append({"custom_id": "embed", "url": "/v1/embeddings", "body": EMBED})
         batch_id = batches.submit(lines, model=DEFAULT_MODEL)
         wait_for(lambda: batches.status(batch_id).state.terminal, 180, "the batch to end")
         outputs, errors = batches.results(batch_id)
@@ -96,7 +100,7 @@ def test_tools_and_n_lines_answer_as_the_live_route_and_a_bad_line_as_its_400(
     live: openai.OpenAI, redis_server: EmbeddedRedis, tmp_path: Path
 ) -> None:
     outputs, errors = run_batch(redis_server.url, tmp_path)
-    assert (sorted(outputs), sorted(errors)) == (["n2", "tools"], ["bad"])
+    assert (sorted(outputs), sorted(errors)) == (["embed", "n2", "tools"], ["bad"])
     tools = outputs["tools"]["response"]["body"]
     (choice,) = tools["choices"]
     assert choice["finish_reason"] == "stop"  # OpenAI's for a named choice
@@ -120,3 +124,9 @@ def test_tools_and_n_lines_answer_as_the_live_route_and_a_bad_line_as_its_400(
     assert bad["response"]["status_code"] == 400
     assert bad["response"]["body"]["error"] == refused.value.body
     assert bad["error"]["message"] == refused.value.body["message"]  # type: ignore[index]
+    embed = outputs["embed"]["response"]["body"]
+    (item,) = embed["data"]
+    live_vector = live.embeddings.create(model=DEFAULT_MODEL, input=TEXT).data[0].embedding
+    batched, alone = np.array(item["embedding"]), np.array(live_vector)
+    assert (embed["object"], item["object"], batched.shape) == ("list", "embedding", alone.shape)
+    assert float(batched @ alone) / float(np.linalg.norm(batched) * np.linalg.norm(alone)) > 0.9999
