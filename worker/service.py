@@ -7,6 +7,8 @@ import logging
 import queue
 import threading
 import time
+from concurrent import futures
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -28,7 +30,14 @@ from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest, LoraRef
 from worker.held import Held
 from worker.metrics import WorkerMetrics
-from worker.publisher import Planned, end_call, finish_now, plan_step, send_step, settle
+from worker.publisher import (
+    Planned,
+    end_call,
+    finish_now,
+    plan_step,
+    send_step,
+    settle,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,15 @@ class EngineLike(Protocol):
     def num_free_slots(self, resumed: bool = False) -> int: ...
     def stats(self) -> dict[str, float]: ...
     def resident_loras(self) -> list[str]: ...
+
+
+@dataclass
+class WriteAndClaim:
+    """What the writer thread did while the engine stepped."""
+
+    pairs: list[tuple[Planned, Any]] = field(default_factory=list)
+    claimed: list[Claimed] = field(default_factory=list)
+    claim_error: Exception | None = None
 
 
 class WorkerService:
@@ -81,6 +99,8 @@ class WorkerService:
         # Filled by the heartbeat thread, applied by the loop between steps.
         self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # Writes go to Redis from this thread while the engine computes the next step.
+        self.writer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-write")
 
     def run(self, burst: bool = False) -> None:
         """Serve until stopped; ``burst`` returns once the queue and the engine are empty.
@@ -97,12 +117,15 @@ class WorkerService:
 
     def iterate(self, burst: bool = False) -> bool:
         """One turn of the loop; False when a burst run has nothing left to do."""
-        self.flush()
+        if self.pending:
+            self.flush()  # a write that failed goes again, unchanged, before the engine moves on
         self._apply_heartbeat_news()
-        claimed = self.intake()
+        # A busy engine's claims ride along with its next step (``step``).
+        claimed = 0 if self.engine.has_unfinished_requests() else self.intake()
         if self.engine.has_unfinished_requests():
             self.step()
-            self.flush(force=not self.engine.has_unfinished_requests())
+            if not self.engine.has_unfinished_requests():
+                self.flush(force=True)
             return True
         if claimed:
             return True
@@ -122,12 +145,15 @@ class WorkerService:
                 self.flush()
                 self._apply_heartbeat_news()
                 self.step()
-                self.flush()
             except REDIS_ERRORS:
                 backoff.wait()
         with contextlib.suppress(*REDIS_ERRORS):
             self.flush(force=True)  # what was generated is not generated again elsewhere
         self.release_all()
+
+    def close(self) -> None:
+        """Stop the writer thread (nothing is in flight between steps)."""
+        self.writer.shutdown()
 
     def release_all(self) -> int:
         held = self.held_leases()
@@ -141,6 +167,44 @@ class WorkerService:
         return released
 
     def step(self) -> None:
+        """One engine step while, on the writer thread, Redis takes what earlier steps
+        produced (if a write is due) and the queue gives what fits (if anything does).
+        Both are acknowledged, and acted on, before this returns: at most one write is in
+        flight, the engine runs at most one step past what Redis acknowledged, a write
+        that failed is sent again before the next step (``iterate``), and the requests
+        claimed join the next step."""
+        pending, room = self._take(force=False), self._room()
+        if pending is None and room is None:
+            self._step_engine()
+            return
+        job = self.writer.submit(self._write_and_claim, pending, room)
+        try:
+            self._step_engine()
+        except BaseException:
+            futures.wait([job])  # the engine's error is the one to raise
+            raise
+        done = job.result()  # a write's error raises here; it is sent again, unchanged
+        self._settle(done.pairs)
+        for c in done.claimed:
+            self._admit(c)
+        if done.claim_error is not None:
+            raise done.claim_error
+
+    def _write_and_claim(
+        self, pending: list[RequestOutput] | None, room: tuple[int, int] | None
+    ) -> WriteAndClaim:
+        """On the writer thread, while the loop's only steps the engine (so ``held``
+        and what it holds stay as they are): the write, then the claim. A claim that
+        failed leaves its leases to lapse (the reaper puts the requests back)."""
+        pairs = [] if pending is None else self._send(pending)
+        if room is None:
+            return WriteAndClaim(pairs)
+        try:
+            return WriteAndClaim(pairs, self._claim(*room))
+        except REDIS_ERRORS as e:
+            return WriteAndClaim(pairs, claim_error=e)
+
+    def _step_engine(self) -> None:
         clock = self.coalescer.clock  # one clock for the step time and the window
         started = clock()
         outputs = self.engine.step()
@@ -149,19 +213,41 @@ class WorkerService:
     def flush(self, force: bool = False) -> None:
         """Write what is held, if it is due (or ``force``): every token and final event
         in one round trip. A write that failed is sent again first, unchanged."""
+        pending = self._take(force)
+        if pending is not None:
+            self._settle(self._send(pending))
+
+    def _take(self, force: bool) -> list[RequestOutput] | None:
+        """What the next write carries: the one that failed, else what is held if due."""
         if not self.pending:
             if not self.coalescer.holding or not (force or self.coalescer.due()):
-                return
+                return None
             self.pending = self.coalescer.take()
-        plan = plan_step(self.keys, self.settings, self.held, self.pending)
-        pairs = send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
-        self.pending = []
-        for planned, reply in pairs:
-            self._act(planned.held, settle(planned, reply), planned, reply)
+        return self.pending
 
-    def _act(self, held: Held, action: str, planned: Planned, reply: Any) -> None:
+    def _send(self, pending: list[RequestOutput]) -> list[tuple[Planned, Any]]:
+        """The write's round trips, and which request each reply is about."""
+        plan = plan_step(self.keys, self.settings, self.held, pending)
+        return send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
+
+    def _settle(self, pairs: list[tuple[Planned, Any]]) -> None:
+        """Redis acknowledged the pending write: record it, and act on its replies."""
+        self.pending = []
+        now = time.monotonic()
+        num_tokens = 0
+        for planned, reply in pairs:
+            num_tokens += self._act(planned.held, settle(planned, reply), planned, reply, now)
+        self.num_generated_tokens += num_tokens
+        self.metrics.on_tokens(num_tokens, None)
+
+    def _act(self, held: Held, action: str, planned: Planned, reply: Any, now_s: float) -> int:
+        """Apply one acknowledged reply; returns how many tokens it published."""
+        num_tokens = 0
         if action in ("ok", "cancel"):
-            self._count_tokens(held, len(planned.output.new_token_ids))
+            num_tokens = len(planned.output.new_token_ids)
+            if held.last_token_s is not None and num_tokens:
+                self.metrics.on_token_gap(now_s - held.last_token_s, num_tokens)
+            held.last_token_s = now_s
         if action == "cancel":
             self._abort(held.request_id, FinishReason.CANCELLED)
         elif action == "drop":
@@ -173,13 +259,7 @@ class WorkerService:
             self.metrics.on_tenant_usage(held.request.tenant, final.usage)
             with self.held_lock:
                 self.held.pop(held.request_id, None)
-
-    def _count_tokens(self, held: Held, num_tokens: int) -> None:
-        now = time.monotonic()
-        gap = None if held.last_token_s is None else now - held.last_token_s
-        held.last_token_s = now
-        self.num_generated_tokens += num_tokens
-        self.metrics.on_tokens(num_tokens, gap)
+        return num_tokens
 
     def _apply_heartbeat_news(self) -> None:
         while not self.lost.empty():
@@ -206,18 +286,26 @@ class WorkerService:
         client is reading each of them mid-answer: they are claimed into the rows the
         engine keeps for them even when its batch is full of new work, so their
         streams go silent for about one lease, not until a row frees up somewhere."""
-        room = self.engine.num_free_slots(resumed=True)
-        if room <= 0 or self.stopping.is_set():
-            return 0
-        free = self.engine.num_free_slots()
-        ids = self._valid_ids(self._candidates(room, free))
-        if not ids:
-            return 0
-        flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
-        claimed = drive(self.scripts, flow)
+        room = self._room()
+        claimed = [] if room is None else self._claim(*room)
         for c in claimed:
             self._admit(c)
         return len(claimed)
+
+    def _room(self) -> tuple[int, int] | None:
+        """Rows to claim into: for resumed requests, and for any (None: none)."""
+        room = self.engine.num_free_slots(resumed=True)
+        if room <= 0 or self.stopping.is_set():
+            return None
+        return room, self.engine.num_free_slots()
+
+    def _claim(self, room: int, free: int) -> list[Claimed]:
+        ids = self._valid_ids(self._candidates(room, free))
+        if not ids:
+            return []
+        return drive(
+            self.scripts, claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
+        )
 
     def _candidates(self, room: int, free: int) -> list[Any]:
         """Queue heads to claim: resumed ones up to ``room``, new ones up to ``free``

@@ -180,6 +180,7 @@ def test_a_worker_that_lost_its_lease_publishes_nothing_more(
     client, service, _engine = setup
     h = client.submit("p", model=MODEL, max_tokens=10)
     service.iterate()
+    service.iterate()  # t0 is written while the engine computes t1
     fake_redis.hset(Keys().request(h.id), "lease_token", "w2:2")  # another worker took it
     service.iterate()
     service.run(burst=True)
@@ -269,7 +270,8 @@ def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     client = Client(connection=fake_redis, settings=settings)
     dying = WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
     resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
-    dying.iterate()  # claims it and streams a token, then "dies" (its lease lapses)
+    dying.iterate()  # claims it and computes a token
+    dying.iterate()  # streams it (while computing another), then "dies" (its lease lapses)
     busy = WorkerService(
         ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1), fake_redis, settings, MODEL, "w1"
     )
@@ -299,7 +301,8 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     mid_answer = [
         client.submit(f"m {i}", model=MODEL, max_tokens=5, priority="low") for i in (0, 1)
     ]
-    dying.iterate()  # claims both and streams a token of each
+    dying.iterate()  # claims both and computes a token of each
+    dying.iterate()  # streams them (while computing the next)
     unstarted = [
         client.submit(f"u {i}", model=MODEL, max_tokens=5, priority="high") for i in (0, 1)
     ]
