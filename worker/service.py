@@ -223,6 +223,10 @@ class WorkerService:
             if not self.coalescer.holding or not (force or self.coalescer.due()):
                 return None
             self.pending = self.coalescer.take()
+            for out in self.pending:
+                held = self.held.get(out.request_id) if out.finish_reason else None
+                if held is not None:
+                    held.ending = True
         return self.pending
 
     def _send(self, pending: list[RequestOutput]) -> list[tuple[Planned, Any]]:
@@ -410,6 +414,12 @@ class WorkerService:
         stub = GenerationRequest(model=self.model, prompt="(unreadable)")
         held = Held(claimed.request_id, claimed.lease_token, stub)
         self._end_now(held, FinishReason.ERROR, f"unreadable payload: {error}", state="dead")
+
+    def ending(self, request_id: str) -> bool:
+        """Whether a lease the heartbeat found gone needs no action: the request's finish
+        is in a write (whose reply settles it), or it is no longer held."""
+        held = self.held.get(request_id)
+        return held is None or held.ending
 
     def held_leases(self) -> dict[str, str]:
         with self.held_lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import fakeredis
@@ -18,6 +19,7 @@ from shared.settings import Settings
 from shared.usage import last_hours, read_usage
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
+from worker.engine.outputs import RequestOutput
 from worker.service import WorkerService
 
 MODEL = "m"
@@ -319,3 +321,57 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     busy.iterate()
     assert [h.status().worker for h in mid_answer] == ["w1", "w1"]
     assert [h.status().position for h in unstarted] == [0, 1]
+
+
+def test_a_lease_that_a_finish_in_flight_dropped_is_not_taken_for_lost(
+    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat renews while a write that ends a request is in flight: the lease
+    it finds gone is that finish's doing, not another worker's."""
+    from worker.heartbeat import Heartbeat
+
+    client, service, engine = setup
+    done = client.submit("a", model=MODEL, max_tokens=1)
+    client.submit("b", model=MODEL, max_tokens=5)
+    service.iterate()  # done's only token and its final event are held
+    heartbeat = Heartbeat(service, fake_redis, {"model": MODEL})
+    step: Callable[[], list[RequestOutput]] = engine.step
+    leases = Keys().leases(model_tag(MODEL))
+
+    def step_while_the_finish_is_written() -> list[RequestOutput]:
+        give_up = time.monotonic() + 5
+        while fake_redis.zscore(leases, done.id) is not None and time.monotonic() < give_up:
+            time.sleep(0.001)
+        heartbeat.beat()  # the finish has gone through; its reply is not applied yet
+        return step()
+
+    monkeypatch.setattr(engine, "step", step_while_the_finish_is_written)
+    service.iterate()
+    assert service.lost.empty()
+    assert done.id not in service.held
+    assert done.result(timeout=1).finish_reason is FinishReason.LENGTH
+
+
+def test_a_claim_that_fails_beside_a_step_loses_nothing(
+    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy engine's claims go out with its write: a claim that fails does not undo
+    the write beside it, and the request it was for is claimed again later."""
+    client, service, _ = setup
+    first = client.submit("p", model=MODEL, max_tokens=3)
+    service.iterate()  # claims it and computes t0
+    later = client.submit("q", model=MODEL, max_tokens=2)
+
+    def claim_fails(*args: object) -> Any:
+        raise redis.ConnectionError("Connection reset by peer")
+        yield  # a flow
+
+    monkeypatch.setattr("worker.service.claim_flow", claim_fails)
+    with pytest.raises(redis.ConnectionError):
+        service.iterate()  # t0 is written while t1 is computed; the claim fails
+    assert fake_redis.xlen(Keys().stream(first.id)) == 1  # t0
+    assert later.status().state is RequestState.QUEUED
+    monkeypatch.undo()
+    service.run(burst=True)
+    assert first.result(timeout=1).text == "t0t1t2"
+    assert later.result(timeout=1).text == "t0t1"
