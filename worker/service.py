@@ -30,14 +30,7 @@ from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest, LoraRef
 from worker.held import Held
 from worker.metrics import WorkerMetrics
-from worker.publisher import (
-    Planned,
-    end_call,
-    finish_now,
-    plan_step,
-    send_step,
-    settle,
-)
+from worker.publisher import Planned, end_call, finish_now, plan_step, send_step, settle
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +186,9 @@ class WorkerService:
     def _write_and_claim(
         self, pending: list[RequestOutput] | None, room: tuple[int, int] | None
     ) -> WriteAndClaim:
-        """On the writer thread, while the loop's only steps the engine (so ``held``
-        and what it holds stay as they are): the write, then the claim. A claim that
-        failed leaves its leases to lapse (the reaper puts the requests back)."""
+        """On the writer thread, while the loop only steps the engine (so ``held`` and
+        what it holds stay as they are): the write, then the claim. A claim that failed
+        leaves its leases to lapse (the reaper puts the requests back)."""
         pairs = [] if pending is None else self._send(pending)
         if room is None:
             return WriteAndClaim(pairs)
