@@ -8,7 +8,6 @@ import queue
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -50,15 +49,6 @@ class EngineLike(Protocol):
     def num_free_slots(self, resumed: bool = False) -> int: ...
     def stats(self) -> dict[str, float]: ...
     def resident_loras(self) -> list[str]: ...
-
-
-@dataclass
-class WriteAndClaim:
-    """What the writer thread did while the engine stepped."""
-
-    pairs: list[tuple[Planned, Any]] = field(default_factory=list)
-    claimed: list[Claimed] = field(default_factory=list)
-    claim_error: Exception | None = None
 
 
 class WorkerService:
@@ -113,8 +103,7 @@ class WorkerService:
         if self.pending:
             self.flush()  # a write that failed goes again, unchanged, before the engine moves on
         self._apply_heartbeat_news()
-        # A busy engine's claims ride along with its next step (``step``).
-        claimed = 0 if self.engine.has_unfinished_requests() else self.intake()
+        claimed = self.intake()
         if self.engine.has_unfinished_requests():
             self.step()
             if not self.engine.has_unfinished_requests():
@@ -161,41 +150,23 @@ class WorkerService:
 
     def step(self) -> None:
         """One engine step while, on the writer thread, Redis takes what earlier steps
-        produced (if a write is due) and the queue gives what fits (if anything does).
-        Both are acknowledged, and acted on, before this returns: at most one write is in
-        flight, the engine runs at most one step past what Redis acknowledged, a write
-        that failed is sent again before the next step (``iterate``), and the requests
-        claimed join the next step."""
-        pending, room = self._take(force=False), self._room()
-        if pending is None and room is None:
+        produced (if a write is due). The write is acknowledged, and acted on, before
+        this returns: at most one write is in flight, the engine runs at most one step
+        past what Redis acknowledged, and a write that failed is sent again before the
+        next step (``iterate``). Claims stay on this thread, right before the engine
+        takes what they bring: a request claimed is held, and its lease renewed, from
+        then on (a claim made beside a long step could see its lease lapse)."""
+        pending = self._take(force=False)
+        if pending is None:
             self._step_engine()
             return
-        job = self.writer.submit(self._write_and_claim, pending, room)
+        write = self.writer.submit(self._send, pending)
         try:
             self._step_engine()
         except BaseException:
-            futures.wait([job])  # the engine's error is the one to raise
+            futures.wait([write])  # the engine's error is the one to raise
             raise
-        done = job.result()  # a write's error raises here; it is sent again, unchanged
-        self._settle(done.pairs)
-        for c in done.claimed:
-            self._admit(c)
-        if done.claim_error is not None:
-            raise done.claim_error
-
-    def _write_and_claim(
-        self, pending: list[RequestOutput] | None, room: tuple[int, int] | None
-    ) -> WriteAndClaim:
-        """On the writer thread, while the loop only steps the engine (so ``held`` and
-        what it holds stay as they are): the write, then the claim. A claim that failed
-        leaves its leases to lapse (the reaper puts the requests back)."""
-        pairs = [] if pending is None else self._send(pending)
-        if room is None:
-            return WriteAndClaim(pairs)
-        try:
-            return WriteAndClaim(pairs, self._claim(*room))
-        except REDIS_ERRORS as e:
-            return WriteAndClaim(pairs, claim_error=e)
+        self._settle(write.result())  # a write's error raises here; it goes again, unchanged
 
     def _step_engine(self) -> None:
         clock = self.coalescer.clock  # one clock for the step time and the window
@@ -223,7 +194,9 @@ class WorkerService:
         return self.pending
 
     def _send(self, pending: list[RequestOutput]) -> list[tuple[Planned, Any]]:
-        """The write's round trips, and which request each reply is about."""
+        """The write's round trips, and which request each reply is about. On the writer
+        thread it reads ``held`` while the loop only steps the engine (nothing changes
+        ``held``, or what it holds, meanwhile)."""
         plan = plan_step(self.keys, self.settings, self.held, pending)
         return send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
 
@@ -283,26 +256,18 @@ class WorkerService:
         client is reading each of them mid-answer: they are claimed into the rows the
         engine keeps for them even when its batch is full of new work, so their
         streams go silent for about one lease, not until a row frees up somewhere."""
-        room = self._room()
-        claimed = [] if room is None else self._claim(*room)
+        room = self.engine.num_free_slots(resumed=True)
+        if room <= 0 or self.stopping.is_set():
+            return 0
+        free = self.engine.num_free_slots()
+        ids = self._valid_ids(self._candidates(room, free))
+        if not ids:
+            return 0
+        flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
+        claimed = drive(self.scripts, flow)
         for c in claimed:
             self._admit(c)
         return len(claimed)
-
-    def _room(self) -> tuple[int, int] | None:
-        """Rows to claim into: for resumed requests, and for any (None: none)."""
-        room = self.engine.num_free_slots(resumed=True)
-        if room <= 0 or self.stopping.is_set():
-            return None
-        return room, self.engine.num_free_slots()
-
-    def _claim(self, room: int, free: int) -> list[Claimed]:
-        ids = self._valid_ids(self._candidates(room, free))
-        if not ids:
-            return []
-        return drive(
-            self.scripts, claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
-        )
 
     def _candidates(self, room: int, free: int) -> list[Any]:
         """Queue heads to claim: resumed ones up to ``room``, new ones up to ``free``

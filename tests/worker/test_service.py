@@ -350,28 +350,3 @@ def test_a_lease_that_a_finish_in_flight_dropped_is_not_taken_for_lost(
     assert service.lost.empty()
     assert done.id not in service.held
     assert done.result(timeout=1).finish_reason is FinishReason.LENGTH
-
-
-def test_a_claim_that_fails_beside_a_step_loses_nothing(
-    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A busy engine's claims go out with its write: a claim that fails does not undo
-    the write beside it, and the request it was for is claimed again later."""
-    client, service, _ = setup
-    first = client.submit("p", model=MODEL, max_tokens=3)
-    service.iterate()  # claims it and computes t0
-    later = client.submit("q", model=MODEL, max_tokens=2)
-
-    def claim_fails(*args: object) -> Any:
-        raise redis.ConnectionError("Connection reset by peer")
-        yield  # a flow
-
-    monkeypatch.setattr("worker.service.claim_flow", claim_fails)
-    with pytest.raises(redis.ConnectionError):
-        service.iterate()  # t0 is written while t1 is computed; the claim fails
-    assert fake_redis.xlen(Keys().stream(first.id)) == 1  # t0
-    assert later.status().state is RequestState.QUEUED
-    monkeypatch.undo()
-    service.run(burst=True)
-    assert first.result(timeout=1).text == "t0t1t2"
-    assert later.result(timeout=1).text == "t0t1"
