@@ -7,15 +7,27 @@ timing runs from the first submit to the last final event. The same requests the
 
     python bench/through_redis.py [--workload bench/workloads/mixed200.jsonl]
     python bench/through_redis.py --device cuda --repeat 10   # 2,000 requests on a GPU
+
+``--sim`` measures the worker's own cost per token, without a GPU: the worker runs
+the simulated engine (``worker/sim.py``; by default its steps take no time), and the
+bench reads the worker process's CPU time from /proc, less what the simulated engine
+costs alone (measured here in process on the same requests). ``--baseline DIR`` runs
+the same worker from another checkout (e.g. ``git archive main | tar -x -C DIR``),
+back to back in the same run, for a before/after:
+
+    python bench/through_redis.py --sim --repeat 10 [--baseline /tmp/tokenq-main]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +39,21 @@ from shared.models import SamplingParams
 from shared.settings import DEFAULT_MODEL, Settings
 from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.model_store import resolve_model
+from worker.sim import SimConfig, SimEngine
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
+SIM = "sim:step_ms=0,knee=256,max_num_seqs=256"
+# The H100 run of issue 17: 256 rows a step, ~9.3 ms a step.
+H100_ENGINE_US_PER_TOKEN = 9.3e3 / 256
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def load(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def engine_alone(rows: list[dict[str, Any]], device: str) -> float:
-    """Useful new tokens per second, all requests added at once."""
-    engine = Engine(EngineConfig(model=str(resolve_model(DEFAULT_MODEL)), device=device))
-    reqs = [
+def engine_requests(rows: list[dict[str, Any]], engine: Engine | SimEngine) -> list[EngineRequest]:
+    return [
         EngineRequest(
             f"r{i}",
             engine.encode_chat(r["messages"]),
@@ -47,15 +62,49 @@ def engine_alone(rows: list[dict[str, Any]], device: str) -> float:
         )
         for i, r in enumerate(rows)
     ]
+
+
+def engine_alone(rows: list[dict[str, Any]], device: str) -> float:
+    """Useful new tokens per second, all requests added at once."""
+    engine = Engine(EngineConfig(model=str(resolve_model(DEFAULT_MODEL)), device=device))
+    reqs = engine_requests(rows, engine)
     start = time.perf_counter()
     outputs = engine.generate(reqs)
     elapsed = time.perf_counter() - start
     return sum(len(o.new_token_ids) for outs in outputs.values() for o in outs) / elapsed
 
 
-def start_worker(url: str, device: str) -> subprocess.Popen[bytes]:
+@dataclass(frozen=True)
+class Alone:
+    tokens_per_s: float
+    cpu_us_per_token: float
+
+
+def sim_alone(rows: list[dict[str, Any]], spec: str) -> Alone:
+    """The simulated engine in process, fed as a worker feeds it (requests join as rows
+    free up): its tokens per second and its own CPU per token."""
+    engine = SimEngine(SimConfig.parse(spec))
+    waiting = deque(engine_requests(rows, engine))
+    num_tokens = 0
+    wall_s, cpu_s = time.perf_counter(), time.process_time()
+    while waiting or engine.has_unfinished_requests():
+        for _ in range(min(engine.num_free_slots(), len(waiting))):
+            engine.add_request(waiting.popleft())
+        num_tokens += sum(len(o.new_token_ids) for o in engine.step())
+    wall_s, cpu_s = time.perf_counter() - wall_s, time.process_time() - cpu_s
+    return Alone(num_tokens / wall_s, cpu_s / num_tokens * 1e6)
+
+
+def start_worker(
+    url: str, device: str, model: str | None = None, pythonpath: Path | None = None
+) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", url, "--device", device]
-    return subprocess.Popen([*cmd, "--log-level", "WARNING"])
+    if model is not None:
+        cmd += ["--model", model]
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.Popen([*cmd, "--log-level", "WARNING"], env=env, cwd=pythonpath)
 
 
 def wait_ready(
@@ -75,12 +124,12 @@ def wait_ready(
     raise TimeoutError("the worker did not register")
 
 
-def through_redis(url: str, rows: list[dict[str, Any]]) -> tuple[float, int]:
+def through_redis(url: str, rows: list[dict[str, Any]], model: str) -> tuple[float, int]:
     """Tokens per second from first submit to last final event, and completion tokens."""
     client = Client(settings=Settings(redis_url=url))
     bodies = [
         {
-            "model": DEFAULT_MODEL,
+            "model": model,
             "messages": r["messages"],
             "priority": r["priority"],
             "sampling": {"max_tokens": r["max_tokens"], "temperature": 0, "ignore_eos": True},
@@ -100,19 +149,91 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_s(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of a process (all its threads) or of one thread."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
+
+
+@dataclass(frozen=True)
+class WorkerRun:
+    tokens_per_s: float
+    num_tokens: int
+    cpu_us_per_token: float  # the whole worker process
+    loop_us_per_token: float  # its main thread: the loop that steps the engine
+
+
+def sim_worker(rows: list[dict[str, Any]], spec: str, pythonpath: Path | None) -> WorkerRun:
+    """A `tokenq worker` on the simulated engine against its own redis-server."""
+    server = EmbeddedRedis().start()
+    worker = start_worker(server.url, "cpu", spec, pythonpath)
+    try:
+        wait_ready(redis.Redis.from_url(server.url), Settings(redis_url=server.url))
+        cpu0, loop0 = cpu_s(worker.pid), cpu_s(worker.pid, worker.pid)
+        rate, tokens = through_redis(server.url, rows, spec)
+        cpu1, loop1 = cpu_s(worker.pid), cpu_s(worker.pid, worker.pid)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=120)
+        server.stop()
+    return WorkerRun(rate, tokens, (cpu1 - cpu0) / tokens * 1e6, (loop1 - loop0) / tokens * 1e6)
+
+
+def report_sim(name: str, run: WorkerRun, alone: Alone) -> float:
+    """Prints one worker's figures; returns its loop thread's µs per token outside the
+    engine."""
+    outside = run.cpu_us_per_token - alone.cpu_us_per_token
+    loop_outside = run.loop_us_per_token - alone.cpu_us_per_token
+    h100 = H100_ENGINE_US_PER_TOKEN / (H100_ENGINE_US_PER_TOKEN + loop_outside)
+    print(
+        f"{name}: {run.tokens_per_s:8.0f} tok/s through Redis"
+        f" = {run.tokens_per_s / alone.tokens_per_s:.2f}x engine alone\n"
+        f"    worker CPU {run.cpu_us_per_token:5.1f} µs/token, {outside:5.1f} outside the engine;"
+        f" loop thread {run.loop_us_per_token:5.1f}, {loop_outside:5.1f} outside the engine\n"
+        f"    at the H100's {H100_ENGINE_US_PER_TOKEN:.1f} µs/token engine step:"
+        f" through Redis ~= {h100:.2f}x"
+        " the engine alone (loop thread only)"
+    )
+    return loop_outside
+
+
+def main_sim(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    alone = sim_alone(rows, args.sim)
+    print(f"workload: {args.workload.name} x{args.repeat} ({len(rows)} requests); {args.sim}")
+    print(
+        f"simulated engine alone: {alone.tokens_per_s:8.0f} tok/s,"
+        f" {alone.cpu_us_per_token:.1f} µs CPU/token (load {os.getloadavg()[0]:.2f})"
+    )
+    here = report_sim("worker (this tree)", sim_worker(rows, args.sim, None), alone)
+    if args.baseline is not None:
+        before = report_sim(
+            f"worker ({args.baseline})", sim_worker(rows, args.sim, args.baseline), alone
+        )
+        print(f"loop thread outside the engine: this tree / baseline = {here / before:.2f}")
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workload", type=Path, default=WORKLOADS / "mixed200.jsonl")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: cuda if any)")
     parser.add_argument("--repeat", type=int, default=1, help="the workload this many times")
+    parser.add_argument(
+        "--sim", nargs="?", const=SIM, default=None, help=f"the simulated engine (default {SIM})"
+    )
+    parser.add_argument("--baseline", type=Path, help="with --sim: also a worker from this tree")
     args = parser.parse_args()
     rows = load(args.workload) * args.repeat
+    if args.sim is not None:
+        main_sim(args, rows)
+        return
     alone = engine_alone(rows, args.device)
     server = EmbeddedRedis().start()
     worker = start_worker(server.url, args.device)
     try:
         info = wait_ready(redis.Redis.from_url(server.url), Settings(redis_url=server.url))
-        rate, tokens = through_redis(server.url, rows)
+        rate, tokens = through_redis(server.url, rows, DEFAULT_MODEL)
         rss = peak_rss_mib(worker.pid)
     finally:
         worker.terminate()

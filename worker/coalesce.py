@@ -8,8 +8,9 @@ per window rather than one per step, and readers wake once per window.
 
 Exactly-once and fencing are unchanged: a written entry is still fenced by the lease
 token and made idempotent by the index of its first token; what was taken for a write
-is sent again, unchanged, until Redis acknowledges it (the loop steps the engine only
-after that), so a retried write never differs from one that went through. What a
+is sent again, unchanged, until Redis acknowledges it (the engine computes at most one
+step meanwhile: the one the write overlaps), so a retried write never differs from one
+that went through. What a
 worker holds when it loses a lease or dies was never written: the next worker
 regenerates it from the last written token.
 """
@@ -22,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shared.models import TokenEvent
+from shared.models import token_wire
 from worker.engine.outputs import RequestOutput
 
 NUM_DELAYS_KEPT = 4_096
@@ -92,35 +93,38 @@ class Coalescer:
 
 @dataclass
 class Merged(RequestOutput):
-    """Several consecutive step outputs of one request as one; ``event`` keeps each
-    step's share so that readers can split the stream entry again."""
+    """Several consecutive step outputs of one request as one. ``steps`` is each step's
+    number of tokens and of text characters (``TokenEvent.steps``), so that readers can
+    split the stream entry again; None when a single step had any."""
 
-    event: TokenEvent | None = None
+    steps: list[tuple[int, int]] | None = None
 
 
-def step_event(out: RequestOutput) -> TokenEvent:
-    logprobs = tuple(out.logprobs) if out.logprobs else None
-    return TokenEvent(
-        index=out.index, token_ids=tuple(out.new_token_ids), text=out.text, logprobs=logprobs
-    )
+def step_wire(out: RequestOutput) -> bytes:
+    """The stream entry of ``out`` (one step's tokens, or several steps' merged): the
+    bytes ``TokenEvent.wire`` gives for it, built without the model."""
+    steps = out.steps if isinstance(out, Merged) else None
+    return token_wire(out.index, out.new_token_ids, out.text, out.logprobs or None, steps)
 
 
 def merge(group: list[RequestOutput]) -> RequestOutput:
+    """One request's held outputs as one, as ``TokenEvent.coalesce`` would merge their
+    events; built from the outputs themselves (through the models it cost ~24 µs)."""
     if len(group) == 1:
         return group[0]
     steps = [o for o in group if o.new_token_ids or o.text]
-    event = TokenEvent.coalesce([step_event(o) for o in steps]) if steps else None
-    last = group[-1]
+    first, last = (steps or group)[0], group[-1]
+    with_logprobs = bool(steps) and all(o.logprobs for o in steps)
     return Merged(
         request_id=last.request_id,
-        index=group[0].index,
-        new_token_ids=[t for o in group for t in o.new_token_ids],
-        text="".join(o.text for o in group),
+        index=first.index,
+        new_token_ids=[t for o in steps for t in o.new_token_ids],
+        text="".join(o.text for o in steps),
         finish_reason=last.finish_reason,
-        logprobs=None if event is None or event.logprobs is None else list(event.logprobs),
+        logprobs=[x for o in steps for x in o.logprobs or ()] if with_logprobs else None,
         num_prompt_tokens=last.num_prompt_tokens,
         num_output_tokens=last.num_output_tokens,
         error=last.error,
         embedding=last.embedding,
-        event=event,
+        steps=[(len(o.new_token_ids), len(o.text)) for o in steps] if len(steps) > 1 else None,
     )

@@ -97,6 +97,8 @@ class Heartbeat(threading.Thread):
 
     def _apply(self, ids: list[str], codes: list[int], cancels: list[Any]) -> None:
         for request_id, code, cancel in zip(ids, codes, cancels, strict=True):
+            if code == LEASE_LOST and self.service.ending(request_id):
+                continue  # its finish went out meanwhile; the finish's reply settles it
             if code == LEASE_LOST:
                 log.warning("lease on %s expired; it resumes elsewhere", request_id)
                 self.service.lost.put(request_id)

@@ -29,6 +29,8 @@ class Held:
     token_ids: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     aborting: bool = False
+    # Its finish is in a write (sent, or to be sent again): that write's reply settles it.
+    ending: bool = False
     last_token_s: float | None = None
 
     def record(self, token_ids: list[int], text: str) -> None:

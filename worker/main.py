@@ -109,6 +109,7 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
         service.drain(settings.drain_timeout_s)
     finally:
         heartbeat.stop()
+        service.close()
     log.info("worker %s stopped", service.worker_id)
 
 

@@ -95,6 +95,10 @@ class WorkerMetrics:
         if gap_s is not None and num_tokens:
             self._itl.observe(gap_s / num_tokens)
 
+    def on_token_gap(self, gap_s: float, num_tokens: int) -> None:
+        """A request's ``num_tokens`` written ``gap_s`` after its previous ones."""
+        self._itl.observe(gap_s / num_tokens)
+
     def on_finish(self, priority: int, final: FinalEvent) -> None:
         label = (self.model, priority_name(priority))
         self.success.labels(self.model, final.finish_reason.value).inc()

@@ -8,6 +8,11 @@ so a step whose publish failed (Redis away) is simply sent again; the publish
 script's index check makes that exactly-once. When requests ended, a second round
 trip settles them on the model's slot (drops their leases, files them in history);
 should it never happen, their leases lapse and the reaper settles them.
+
+The worker sends a write from a thread of its own while the engine computes the next
+step (``WorkerService.step``), and applies the replies on the loop's thread once that
+step is done: a lease lost or a cancel seen in them reaches the engine one step later
+than the write, and at most one write is in flight.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from shared.models import FinalEvent, FinishReason, dumps
 from shared.scripts import ScriptCall, Scripts
 from shared.settings import Settings
 from shared.usage import record_call
-from worker.coalesce import Merged, step_event
+from worker.coalesce import step_wire
 from worker.engine.outputs import RequestOutput
 from worker.held import STATE_OF_REASON, Held
 
@@ -38,7 +43,7 @@ from worker.held import STATE_OF_REASON, Held
 LEASE_LOST, CANCEL_REQUESTED, GAP = 0, 2, 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Planned:
     held: Held
     output: RequestOutput
@@ -119,9 +124,8 @@ def _final_of(reply: Any) -> Any:
 
 def token_publish(held: Held, out: RequestOutput) -> TokenPublish:
     """The stream entry of ``out``: one step's tokens, or several steps' coalesced."""
-    event = out.event if isinstance(out, Merged) and out.event is not None else step_event(out)
     return TokenPublish(
-        held.request_id, held.lease_token, event.wire(), event.index, len(out.new_token_ids)
+        held.request_id, held.lease_token, step_wire(out), out.index, len(out.new_token_ids)
     )
 
 

@@ -7,6 +7,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent import futures
 from typing import Any, Protocol
 
 import redis
@@ -82,6 +83,8 @@ class WorkerService:
         # Filled by the heartbeat thread, applied by the loop between steps.
         self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # Writes go to Redis from this thread while the engine computes the next step.
+        self.writer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-write")
 
     def run(self, burst: bool = False) -> None:
         """Serve until stopped; ``burst`` returns once the queue and the engine are empty.
@@ -98,12 +101,14 @@ class WorkerService:
 
     def iterate(self, burst: bool = False) -> bool:
         """One turn of the loop; False when a burst run has nothing left to do."""
-        self.flush()
+        if self.pending:
+            self.flush()  # a write that failed goes again, unchanged, before the engine moves on
         self._apply_heartbeat_news()
         claimed = self.intake()
         if self.engine.has_unfinished_requests():
             self.step()
-            self.flush(force=not self.engine.has_unfinished_requests())
+            if not self.engine.has_unfinished_requests():
+                self.flush(force=True)
             return True
         if claimed:
             return True
@@ -123,12 +128,15 @@ class WorkerService:
                 self.flush()
                 self._apply_heartbeat_news()
                 self.step()
-                self.flush()
             except REDIS_ERRORS:
                 backoff.wait()
         with contextlib.suppress(*REDIS_ERRORS):
             self.flush(force=True)  # what was generated is not generated again elsewhere
         self.release_all()
+
+    def close(self) -> None:
+        """Stop the writer thread (nothing is in flight between steps)."""
+        self.writer.shutdown()
 
     def release_all(self) -> int:
         held = self.held_leases()
@@ -142,6 +150,26 @@ class WorkerService:
         return released
 
     def step(self) -> None:
+        """One engine step while, on the writer thread, Redis takes what earlier steps
+        produced (if a write is due). The write is acknowledged, and acted on, before
+        this returns: at most one write is in flight, the engine runs at most one step
+        past what Redis acknowledged, and a write that failed is sent again before the
+        next step (``iterate``). Claims stay on this thread, right before the engine
+        takes what they bring: a request claimed is held, and its lease renewed, from
+        then on (a claim made beside a long step could see its lease lapse)."""
+        pending = self._take(force=False)
+        if pending is None:
+            self._step_engine()
+            return
+        write = self.writer.submit(self._send, pending)
+        try:
+            self._step_engine()
+        except BaseException:
+            futures.wait([write])  # the engine's error is the one to raise
+            raise
+        self._settle(write.result())  # a write's error raises here; it goes again, unchanged
+
+    def _step_engine(self) -> None:
         clock = self.coalescer.clock  # one clock for the step time and the window
         started = clock()
         outputs = self.engine.step()
@@ -150,19 +178,47 @@ class WorkerService:
     def flush(self, force: bool = False) -> None:
         """Write what is held, if it is due (or ``force``): every token and final event
         in one round trip. A write that failed is sent again first, unchanged."""
+        pending = self._take(force)
+        if pending is not None:
+            self._settle(self._send(pending))
+
+    def _take(self, force: bool) -> list[RequestOutput] | None:
+        """What the next write carries: the one that failed, else what is held if due."""
         if not self.pending:
             if not self.coalescer.holding or not (force or self.coalescer.due()):
-                return
+                return None
             self.pending = self.coalescer.take()
-        plan = plan_step(self.keys, self.settings, self.held, self.pending)
-        pairs = send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
-        self.pending = []
-        for planned, reply in pairs:
-            self._act(planned.held, settle(planned, reply), planned, reply)
+            for out in self.pending:
+                held = self.held.get(out.request_id) if out.finish_reason else None
+                if held is not None:
+                    held.ending = True
+        return self.pending
 
-    def _act(self, held: Held, action: str, planned: Planned, reply: Any) -> None:
+    def _send(self, pending: list[RequestOutput]) -> list[tuple[Planned, Any]]:
+        """The write's round trips, and which request each reply is about. On the writer
+        thread it reads ``held`` while the loop only steps the engine (nothing changes
+        ``held``, or what it holds, meanwhile)."""
+        plan = plan_step(self.keys, self.settings, self.held, pending)
+        return send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
+
+    def _settle(self, pairs: list[tuple[Planned, Any]]) -> None:
+        """Redis acknowledged the pending write: record it, and act on its replies."""
+        self.pending = []
+        now = time.monotonic()
+        num_tokens = 0
+        for planned, reply in pairs:
+            num_tokens += self._act(planned.held, settle(planned, reply), planned, reply, now)
+        self.num_generated_tokens += num_tokens
+        self.metrics.on_tokens(num_tokens, None)
+
+    def _act(self, held: Held, action: str, planned: Planned, reply: Any, now_s: float) -> int:
+        """Apply one acknowledged reply; returns how many tokens it published."""
+        num_tokens = 0
         if action in ("ok", "cancel"):
-            self._count_tokens(held, len(planned.output.new_token_ids))
+            num_tokens = len(planned.output.new_token_ids)
+            if held.last_token_s is not None and num_tokens:
+                self.metrics.on_token_gap(now_s - held.last_token_s, num_tokens)
+            held.last_token_s = now_s
         if action == "cancel":
             self._abort(held.request_id, FinishReason.CANCELLED)
         elif action == "drop":
@@ -174,13 +230,7 @@ class WorkerService:
             self.metrics.on_tenant_usage(held.request.tenant, final.usage)
             with self.held_lock:
                 self.held.pop(held.request_id, None)
-
-    def _count_tokens(self, held: Held, num_tokens: int) -> None:
-        now = time.monotonic()
-        gap = None if held.last_token_s is None else now - held.last_token_s
-        held.last_token_s = now
-        self.num_generated_tokens += num_tokens
-        self.metrics.on_tokens(num_tokens, gap)
+        return num_tokens
 
     def _apply_heartbeat_news(self) -> None:
         while not self.lost.empty():
@@ -325,6 +375,12 @@ class WorkerService:
         stub = GenerationRequest(model=self.model, prompt="(unreadable)")
         held = Held(claimed.request_id, claimed.lease_token, stub)
         self._end_now(held, FinishReason.ERROR, f"unreadable payload: {error}", state="dead")
+
+    def ending(self, request_id: str) -> bool:
+        """Whether a lease the heartbeat found gone needs no action: the request's finish
+        is in a write (whose reply settles it), or it is no longer held."""
+        held = self.held.get(request_id)
+        return held is None or held.ending
 
     def held_leases(self) -> dict[str, str]:
         with self.held_lock:

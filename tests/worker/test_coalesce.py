@@ -139,7 +139,8 @@ def test_a_cancel_is_seen_at_the_next_write_and_ends_the_stream(setup: Setup) ->
     setup.service.run(burst=True)
     final = list(h.stream())[-1].event
     assert isinstance(final, FinalEvent) and final.finish_reason is FinishReason.CANCELLED
-    assert steps_of(h) == [(0, "t0"), (1, "t1"), (2, "t2")]  # up to the write that saw it
+    # Up to the write that saw it (t0-t2), and the step computed while it was in flight.
+    assert steps_of(h) == [(0, "t0"), (1, "t1"), (2, "t2"), (3, "t3")]
 
 
 def test_the_window_bounds_how_long_any_step_is_held() -> None:

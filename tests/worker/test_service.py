@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import fakeredis
@@ -18,6 +19,7 @@ from shared.settings import Settings
 from shared.usage import last_hours, read_usage
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine
+from worker.engine.outputs import RequestOutput
 from worker.service import WorkerService
 
 MODEL = "m"
@@ -180,6 +182,7 @@ def test_a_worker_that_lost_its_lease_publishes_nothing_more(
     client, service, _engine = setup
     h = client.submit("p", model=MODEL, max_tokens=10)
     service.iterate()
+    service.iterate()  # t0 is written while the engine computes t1
     fake_redis.hset(Keys().request(h.id), "lease_token", "w2:2")  # another worker took it
     service.iterate()
     service.run(burst=True)
@@ -269,7 +272,8 @@ def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     client = Client(connection=fake_redis, settings=settings)
     dying = WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
     resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
-    dying.iterate()  # claims it and streams a token, then "dies" (its lease lapses)
+    dying.iterate()  # claims it and computes a token
+    dying.iterate()  # streams it (while computing another), then "dies" (its lease lapses)
     busy = WorkerService(
         ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1), fake_redis, settings, MODEL, "w1"
     )
@@ -299,7 +303,8 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     mid_answer = [
         client.submit(f"m {i}", model=MODEL, max_tokens=5, priority="low") for i in (0, 1)
     ]
-    dying.iterate()  # claims both and streams a token of each
+    dying.iterate()  # claims both and computes a token of each
+    dying.iterate()  # streams them (while computing the next)
     unstarted = [
         client.submit(f"u {i}", model=MODEL, max_tokens=5, priority="high") for i in (0, 1)
     ]
@@ -316,3 +321,32 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     busy.iterate()
     assert [h.status().worker for h in mid_answer] == ["w1", "w1"]
     assert [h.status().position for h in unstarted] == [0, 1]
+
+
+def test_a_lease_that_a_finish_in_flight_dropped_is_not_taken_for_lost(
+    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat renews while a write that ends a request is in flight: the lease
+    it finds gone is that finish's doing, not another worker's."""
+    from worker.heartbeat import Heartbeat
+
+    client, service, engine = setup
+    done = client.submit("a", model=MODEL, max_tokens=1)
+    client.submit("b", model=MODEL, max_tokens=5)
+    service.iterate()  # done's only token and its final event are held
+    heartbeat = Heartbeat(service, fake_redis, {"model": MODEL})
+    step: Callable[[], list[RequestOutput]] = engine.step
+    leases = Keys().leases(model_tag(MODEL))
+
+    def step_while_the_finish_is_written() -> list[RequestOutput]:
+        give_up = time.monotonic() + 5
+        while fake_redis.zscore(leases, done.id) is not None and time.monotonic() < give_up:
+            time.sleep(0.001)
+        heartbeat.beat()  # the finish has gone through; its reply is not applied yet
+        return step()
+
+    monkeypatch.setattr(engine, "step", step_while_the_finish_is_written)
+    service.iterate()
+    assert service.lost.empty()
+    assert done.id not in service.held
+    assert done.result(timeout=1).finish_reason is FinishReason.LENGTH
