@@ -131,5 +131,7 @@ local function unstarted_final(reason, error)
   return cjson.encode({type = 'final', finish_reason = reason,
     usage = {prompt_tokens = 0, completion_tokens = 0}, error = error})
 end
-local EXPIRED_JSON = unstarted_final('expired', 'deadline passed while queued')
-local CANCELLED_JSON = unstarted_final('cancelled', cjson.null)
+-- Functions, not values: this library runs on every call of every script, and most
+-- calls (a publish per write, most of all) never need them encoded.
+local function expired_json() return unstarted_final('expired', 'deadline passed while queued') end
+local function cancelled_json() return unstarted_final('cancelled', cjson.null) end
