@@ -179,7 +179,7 @@ def _publish_call(keys: Keys, events: list[TokenPublish]) -> ScriptCall:
     args = [
         a
         for e in events
-        for a in (e.request_id, e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
+        for a in (e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
     ]
     return ScriptCall("publish", per_event, args)
 
