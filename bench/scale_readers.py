@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import redis
@@ -45,7 +45,7 @@ EVENT = b'{"type":"token","index":0,"token_ids":[1,2],"text":"a b ","logprobs":n
 @dataclass(frozen=True)
 class Case:
     name: str
-    target: Callable[[], contextmanager[Target]]  # type: ignore[type-arg]
+    target: Callable[[], AbstractContextManager[Target]]
     new_id: Callable[[], str]
 
 
