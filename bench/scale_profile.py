@@ -34,6 +34,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--before", action="store_true", help="the 'before' config")
     parser.add_argument("--coalesce-ms", type=int, help="instead of the config's window")
+    parser.add_argument("--gather-ms", type=float, help="instead of the config's hub gather")
     return parser.parse_args()
 
 
@@ -42,6 +43,8 @@ def main() -> None:
     config = BEFORE if args.before else AFTER
     if args.coalesce_ms is not None:
         config = replace(config, coalesce_ms=args.coalesce_ms)
+    if args.gather_ms is not None:
+        config = replace(config, gather_ms=args.gather_ms)
     model = sim_model(args.step_ms, args.batch)
     with single_target() as target:
         f = measure(

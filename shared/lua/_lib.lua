@@ -121,9 +121,9 @@ local function fair_advance(queue, clock, tags, score)
 end
 
 -- Wake one idle worker blocked on the model's wakeup list (a list of at most one item).
+-- While every worker is busy the item stays there: a read instead of two writes.
 local function wake(wakeup)
-  redis.call('LPUSH', wakeup, '1')
-  redis.call('LTRIM', wakeup, 0, 0)
+  if redis.call('LLEN', wakeup) == 0 then redis.call('LPUSH', wakeup, '1') end
 end
 
 -- The final event of a request that ends before producing anything.
