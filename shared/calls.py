@@ -177,9 +177,7 @@ def slot_of(request_id: str) -> int:
 def _publish_call(keys: Keys, events: list[TokenPublish]) -> ScriptCall:
     per_event = [k for e in events for k in (keys.request(e.request_id), keys.stream(e.request_id))]
     args = [
-        a
-        for e in events
-        for a in (e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
+        a for e in events for a in (e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
     ]
     return ScriptCall("publish", per_event, args)
 
