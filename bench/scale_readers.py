@@ -149,7 +149,8 @@ def timed() -> Iterator[list[float]]:
     out.append(time.monotonic() - start)
 
 
-def run(case: Case, args: argparse.Namespace) -> None:
+def run(case: Case, args: argparse.Namespace, one_redis_hub_us: float | None) -> float:
+    """Prints the case's figures; returns the hub's CPU per entry (us)."""
     with case.target() as target:
         keys = [Keys().stream(case.new_id()) for _ in range(args.streams)]
         before = counters(target.nodes)
@@ -158,13 +159,15 @@ def run(case: Case, args: argparse.Namespace) -> None:
         after = counters(target.nodes)
     entries = args.streams * args.rounds
     calls, usec = after.xread_calls - before.xread_calls, after.xread_usec - before.xread_usec
-    redis_cpu_s = after.cpu_s - before.cpu_s
+    redis_cpu_s, hub_us = after.cpu_s - before.cpu_s, hub_cpu_s * 1e6 / entries
+    ratio = "" if one_redis_hub_us is None else f" ({hub_us / one_redis_hub_us:.2f}x one Redis's)"
     print(
         f"{case.name:>28}: {wall[0]:5.1f} s, {calls:6d} XREADs ({calls / args.rounds:6.1f} a round)"
         f" {usec / entries:5.2f} us/entry, Redis CPU {redis_cpu_s * 1e6 / entries:5.2f} us/entry,"
-        f" hub CPU {hub_cpu_s * 1e6 / entries:6.1f} us/entry",
+        f" hub CPU {hub_us:6.1f} us/entry{ratio}",
         flush=True,
     )
+    return hub_us
 
 
 def main() -> None:
@@ -173,8 +176,10 @@ def main() -> None:
         f"{args.streams} streams followed by one gateway hub; {args.rounds} rounds of an entry"
         f" to every stream every {args.step_ms:g} ms"
     )
+    one_redis_hub_us: float | None = None
     for case in cases([int(n) for n in args.slots.split(",")]):
-        run(case, args)
+        hub_us = run(case, args, one_redis_hub_us)
+        one_redis_hub_us = one_redis_hub_us or hub_us
 
 
 if __name__ == "__main__":
