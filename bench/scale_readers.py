@@ -119,7 +119,8 @@ def write(url: str, keys: list[str], rounds: int, step_s: float) -> None:
 
 async def follow_all(url: str, keys: list[str], rounds: int, step_s: float) -> float:
     """Hub CPU seconds (this thread) until every follower had ``rounds`` entries."""
-    hub = gateway_hub(connect_async(url))
+    connection = connect_async(url)
+    hub = gateway_hub(connection)
     hub.start()
 
     async def follow(key: str) -> None:
@@ -138,6 +139,7 @@ async def follow_all(url: str, keys: list[str], rounds: int, step_s: float) -> f
     cpu = time.thread_time() - cpu
     writer.join()
     await hub.stop()
+    await connection.aclose()
     return cpu
 
 
