@@ -183,7 +183,7 @@ async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], second
             renewed = step_started
         event = (TOKEN_JSON % (index, index, time.time_ns())).encode()
         step = [TokenPublish(i, token, event, index, 1) for i, token in held.items()]
-        await scripts.send(publish_calls(b.keys, step, one_per_request=False))
+        await scripts.send(publish_calls(b.keys, step, cluster=False))
         index += 1
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - step_started)))
     await finish(r, b, held, index)

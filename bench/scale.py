@@ -14,10 +14,10 @@ gather). Printed per run: throughput relative to one worker (goal >= 0.9 x N), R
 commands and Redis CPU per generated token (INFO stats and cpu), and the p99 delay
 coalescing added to a step's tokens (what the workers report in their registry).
 
-`--cluster-workers N` then runs N workers with the defaults, without readers, against
-one Redis and against a 3-master Redis Cluster started here (as tests/cluster.py
-does): throughput of each, and each master's share of the token traffic (stream
-entries written, and Redis CPU).
+`--cluster-workers N` then runs N workers with the defaults, every stream read (unless
+`--no-readers`), against one Redis and against a 3-master Redis Cluster started here
+(as tests/cluster.py does): throughput and Redis CPU per token of each, and each
+master's share of the token traffic (stream entries written, and Redis CPU).
 
     python bench/scale.py [--workers 1,2,4,8,16] [--window-s 10] [--cluster-workers 8]
 """
@@ -128,13 +128,12 @@ def print_before_after(n: int, before: Figures, after: Figures) -> None:
 
 
 def compare_cluster(args: argparse.Namespace, model: str) -> None:
-    """Without readers: a cluster refuses an XREAD naming streams of several slots, and
-    every request has a slot of its own, so the hub cannot read there yet."""
     n = args.cluster_workers
-    print(f"\n{n} workers, after, no readers, window {2 * args.window_s:g}s: one Redis against")
+    readers = "no readers" if args.no_readers else "every stream read"
+    print(f"\n{n} workers, after, {readers}, window {2 * args.window_s:g}s: one Redis against")
     print("a 3-master Redis Cluster (its nodes without AOF; the one Redis with deploy/redis.conf)")
     results: list[Figures] = []
-    cluster_args = argparse.Namespace(**{**vars(args), "no_readers": True})
+    cluster_args = argparse.Namespace(**vars(args))
     cluster_args.window_s = 2 * args.window_s  # more requests, so the shares settle
     for make in (single_target, cluster_target):
         with make() as target:

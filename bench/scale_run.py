@@ -4,6 +4,7 @@ server or a cluster), let them run for a window, and read Redis's own counters."
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -22,6 +23,7 @@ from shared.connection import connect
 from shared.errors import QueueFull
 from shared.keys import Keys, model_tag
 from shared.registry import mark_served
+from shared.scripts import SCRIPT_NAMES, load_source
 from shared.settings import Settings
 from tests.cluster import LocalCluster
 from worker.sim import SimConfig
@@ -37,6 +39,14 @@ class Figures:
     coalesce_p99_ms: float
     # Per master of a cluster: (name, share of stream entries, share of Redis CPU).
     per_node: list[tuple[str, float, float]] = field(default_factory=list)
+    # Per command over the window, all nodes: name -> (calls, usec) (INFO commandstats).
+    command_stats: dict[str, tuple[int, int]] = field(default_factory=dict)
+    tokens: int = 0
+    io: dict[str, int] = field(default_factory=dict)  # socket reads and writes, bytes
+    # From a SLOWLOG sample (``sample_s`` of the window): EVALSHA by script name and
+    # every other command -> (calls, usec), and the tokens generated over the sample.
+    sampled: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sampled_tokens: int = 0
 
 
 @dataclass
@@ -70,17 +80,24 @@ def cluster_target() -> Iterator[Target]:
         cluster.stop()
 
 
+CommandStats = dict[str, tuple[int, int]]
+
+
 @dataclass(frozen=True)
 class Totals:
     commands: int
     cpu_s: float
     stream_entries: int
+    by_command: CommandStats = field(default_factory=dict)
+    io: dict[str, int] = field(default_factory=dict)
 
     def __sub__(self, other: Totals) -> Totals:
         return Totals(
             self.commands - other.commands,
             self.cpu_s - other.cpu_s,
             self.stream_entries - other.stream_entries,
+            _combine(self.by_command, other.by_command, -1),
+            {k: self.io.get(k, 0) - other.io.get(k, 0) for k in self.io.keys() | other.io.keys()},
         )
 
     def __add__(self, other: Totals) -> Totals:
@@ -88,14 +105,37 @@ class Totals:
             self.commands + other.commands,
             self.cpu_s + other.cpu_s,
             self.stream_entries + other.stream_entries,
+            _combine(self.by_command, other.by_command, 1),
+            {k: self.io.get(k, 0) + other.io.get(k, 0) for k in self.io.keys() | other.io.keys()},
         )
 
 
+def _combine(a: CommandStats, b: CommandStats, sign: int) -> CommandStats:
+    names = a.keys() | b.keys()
+    zero = (0, 0)
+    return {
+        n: (
+            a.get(n, zero)[0] + sign * b.get(n, zero)[0],
+            a.get(n, zero)[1] + sign * b.get(n, zero)[1],
+        )
+        for n in names
+    }
+
+
 def node_totals(node: redis.Redis) -> Totals:
-    stats, cpu = node.info("stats"), node.info("cpu")
-    xadd = node.info("commandstats").get("cmdstat_xadd", {}).get("calls", 0)
+    stats, cpu, commands = node.info("stats"), node.info("cpu"), node.info("commandstats")
+    by_command = {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for name, v in commands.items()
+    }
     cpu_s = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
-    return Totals(int(stats["total_commands_processed"]), cpu_s, int(xadd))
+    xadd = by_command.get("xadd", (0, 0))[0]
+    io = {k: int(stats.get(k, 0)) for k in IO_STATS}
+    return Totals(int(stats["total_commands_processed"]), cpu_s, xadd, by_command, io)
+
+
+IO_STATS = ("total_reads_processed", "total_writes_processed", "total_net_input_bytes",
+            "total_net_output_bytes")  # fmt: skip
 
 
 def start_workers(n: int, url: str, model: str, coalesce_ms: int) -> list[subprocess.Popen[bytes]]:
@@ -166,6 +206,7 @@ def measure(
     max_tokens: int,
     readers: bool = True,
     gather_ms: float = 0.0,
+    sample_s: float = 0.0,
 ) -> Figures:
     connection = connect(target.url)
     prepare(target, connection, model)
@@ -186,13 +227,54 @@ def measure(
         time.sleep(3 + 2 * max_tokens * SimConfig.parse(model).step_s(batch))  # warm-up
         before = {name: node_totals(node) for name, node in target.nodes.items()}
         counter.counting.set()
-        time.sleep(window_s)
+        sample = Sample(target, counter) if sample_s > 0 else None
+        time.sleep(sample_s)
+        sampled = sample.stop(max_tokens) if sample else ({}, 0)
+        time.sleep(window_s - sample_s)
         counter.counting.clear()
         after = {name: node_totals(node) for name, node in target.nodes.items()}
         p99_ms = coalesce_p99_ms(connection)
     finally:
         stop(feeder, counter, workers)
-    return figures(n, counter.finished * max_tokens, window_s, before, after, p99_ms)
+    f = figures(n, counter.finished * max_tokens, window_s, before, after, p99_ms)
+    return replace(f, sampled=sampled[0], sampled_tokens=sampled[1])
+
+
+SAMPLE_MAX_LEN = 200_000
+
+
+class Sample:
+    """Every command's time for a while, from SLOWLOG at threshold 0 (EVALSHA named by
+    its script). The log itself costs Redis some CPU, so it runs for part of the window."""
+
+    def __init__(self, target: Target, counter: FinishCounter) -> None:
+        self.nodes, self.counter = list(target.nodes.values()), counter
+        self.finished = counter.finished
+        for node in self.nodes:
+            node.config_set("slowlog-max-len", SAMPLE_MAX_LEN)
+            node.slowlog_reset()
+            node.config_set("slowlog-log-slower-than", 0)
+
+    def stop(self, max_tokens: int) -> tuple[dict[str, tuple[int, int]], int]:
+        for node in self.nodes:
+            node.config_set("slowlog-log-slower-than", 10_000)
+        tokens = (self.counter.finished - self.finished) * max_tokens
+        names = {script_sha(n): n for n in SCRIPT_NAMES}
+        stats: dict[str, tuple[int, int]] = {}
+        for node in self.nodes:
+            for entry in node.slowlog_get(SAMPLE_MAX_LEN):
+                words = entry["command"].split(b" ")
+                name = words[0].decode().lower()
+                if name == "evalsha" and len(words) > 1:
+                    name = "script:" + names.get(words[1].decode(), "?")
+                calls, usec = stats.get(name, (0, 0))
+                stats[name] = (calls + 1, usec + int(entry["duration"]))
+            node.slowlog_reset()
+        return stats, tokens
+
+
+def script_sha(name: str) -> str:
+    return hashlib.sha1(load_source(name).encode()).hexdigest()
 
 
 def figures(
@@ -218,6 +300,9 @@ def figures(
         total.cpu_s / window_s,
         p99_ms,
         shares if len(deltas) > 1 else [],
+        total.by_command,
+        tokens,
+        total.io,
     )
 
 

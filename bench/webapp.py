@@ -1,7 +1,7 @@
 """The web app's side of bench/scale.py, run as its own process: keeps the queue
 topped up and follows every request's stream from submit to its final event, as a
 gateway serving SSE does (the gateway's stream hub: one blocking XREAD for all the
-streams on a Redis node, so a cluster gets one hub per master).
+streams on one Redis; on a cluster, rounds of one XREAD per followed slot per master).
 
     python -m bench.webapp URL MODEL DEPTH MAX_TOKENS GATHER_MS
 
@@ -14,12 +14,9 @@ import asyncio
 import contextlib
 import sys
 
-import redis.asyncio
-from redis.cluster import RedisCluster
-
 from producer.aio import AsyncClient
-from producer.gateway.hub import StreamHub, gateway_hub
-from shared.connection import cluster_url
+from producer.gateway.hub import gateway_hub
+from shared.connection import connect_async
 from shared.errors import QueueFull
 from shared.keys import Keys, model_tag
 from shared.settings import Settings
@@ -27,38 +24,11 @@ from shared.settings import Settings
 FEED_EVERY_S = 0.05
 
 
-class Hubs:
-    """One stream hub per Redis node; a stream is read on the node that owns it."""
-
-    def __init__(self, url: str, gather_s: float) -> None:
-        node = cluster_url(url)
-        self._slots: RedisCluster | None = None
-        if node is None:
-            self._hubs = {"": _hub(url, gather_s)}
-        else:
-            self._slots = slots = RedisCluster.from_url(node)
-            masters = slots.get_primaries()
-            self._hubs = {n.name: _hub(f"redis://{n.host}:{n.port}", gather_s) for n in masters}
-
-    def hub(self, key: str) -> StreamHub:
-        if self._slots is None:
-            return self._hubs[""]
-        return self._hubs[self._slots.get_node_from_key(key).name]
-
-    def start(self) -> None:
-        for hub in self._hubs.values():
-            hub.start()
-
-
-def _hub(url: str, gather_s: float) -> StreamHub:
-    return gateway_hub(redis.asyncio.Redis.from_url(url), gather_s=gather_s)
-
-
 class WebApp:
     def __init__(self, url: str, model: str, depth: int, max_tokens: int, gather_s: float) -> None:
         self.settings = Settings(redis_url=url, max_queued=1_000_000)
         self.client = AsyncClient(settings=self.settings)
-        self.hubs = Hubs(url, gather_s)
+        self.hub = gateway_hub(connect_async(url), gather_s=gather_s)
         self.model, self.depth = model, depth
         self.body = {"model": model, "prompt": "a b c d", "sampling": {"max_tokens": max_tokens}}
         self.queue_key = Keys().queue(model_tag(model))
@@ -66,7 +36,7 @@ class WebApp:
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def feed(self) -> None:
-        self.hubs.start()
+        self.hub.start()
         while True:
             missing = self.depth - int(await self.client.redis.zcard(self.queue_key))
             if missing > 0:
@@ -81,7 +51,7 @@ class WebApp:
         task.add_done_callback(self.tasks.discard)
 
     async def follow(self, key: str) -> None:
-        async for batch in self.hubs.hub(key).subscribe(key):
+        async for batch in self.hub.subscribe(key):
             for entry in batch:
                 if entry.is_final:
                     self.num_finals += 1

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from redis.crc import key_slot
+
 from shared.fairness import estimated_tokens, fair_member, units
 from shared.keys import Keys, model_tag, request_tag, tag_of
 from shared.models import GenerationRequest, dumps
@@ -96,7 +98,7 @@ def withdraw_call(keys: Keys, request_id: str, digest: str | None) -> ScriptCall
 def _idempotency_key(keys: Keys, request_id: str, digest: str | None) -> str:
     """The request's idempotency key; without one, a name on the request's slot that the
     scripts never write (KEYS must name it all the same)."""
-    return keys.idempotency(digest or request_tag(request_id).ljust(64, "-"))
+    return keys.idempotency(digest) if digest else keys.no_idempotency(request_id)
 
 
 # Queue entries past its candidates that a claim looks at for requests the worker can
@@ -169,21 +171,34 @@ class TokenPublish:
     num_tokens: int
 
 
-def publish_calls(
-    keys: Keys, events: list[TokenPublish], one_per_request: bool
-) -> list[ScriptCall]:
-    """A step's token events: one call per request on a cluster (each call touches one
-    slot), or one call for the whole step on one Redis (one round of script overhead)."""
-    groups = [[e] for e in events] if one_per_request else [events]
-    return [_publish_call(keys, group) for group in groups if group]
+def publish_calls(keys: Keys, events: list[TokenPublish], cluster: bool) -> list[ScriptCall]:
+    """A step's token events: on a cluster one call per run of consecutive events on one
+    hash slot (a script's keys share a slot; sort events with ``slot_of`` to make the
+    runs long: request tags fall on few slots, see shared/keys.py), or one call for the
+    whole step on one Redis (one round of script overhead). The calls' replies, in
+    order, give one code per event in the order of ``events``."""
+    if not cluster:
+        return [_publish_call(keys, events)] if events else []
+    runs: list[list[TokenPublish]] = []
+    last = -1
+    for e in events:
+        slot = slot_of(e.request_id)
+        if slot != last:
+            runs.append([])
+            last = slot
+        runs[-1].append(e)
+    return [_publish_call(keys, run) for run in runs]
+
+
+def slot_of(request_id: str) -> int:
+    """The hash slot of a request's keys (its hash, stream and idempotency key)."""
+    return key_slot(request_tag(request_id).encode())
 
 
 def _publish_call(keys: Keys, events: list[TokenPublish]) -> ScriptCall:
     per_event = [k for e in events for k in (keys.request(e.request_id), keys.stream(e.request_id))]
     args = [
-        a
-        for e in events
-        for a in (e.request_id, e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
+        a for e in events for a in (e.lease_token, e.event_json.decode(), e.num_tokens, e.index)
     ]
     return ScriptCall("publish", per_event, args)
 

@@ -31,7 +31,7 @@ from shared.calls import (
     withdraw_call,
 )
 from shared.errors import NotFound, QueueFull, TokenqError, UnknownAdapter, UnknownModel
-from shared.keys import REQUEST_TAG_CHARS, Keys, idempotency_digest, new_request_id, tag_of
+from shared.keys import Keys, idempotency_digest, idempotency_tag, new_request_id, tag_of
 from shared.models import GenerationRequest
 from shared.replies import text
 from shared.scripts import AsyncScripts, ScriptCall, Scripts
@@ -76,12 +76,18 @@ def enqueue_flow(
     withdrawn. A duplicate idempotency key answers the original id, and queues it should
     an earlier submit have died between the two steps (enqueue.lua is idempotent)."""
     digests = [_digest(r) for r in reqs]
+    keyed = [n for n, d in enumerate(digests) if d]
+    # Keys written before request tags were bounded (shared/keys.py) sit on another slot:
+    # looked up first, so a retry across that upgrade still finds its request.
+    found = yield [("GET", keys.legacy_idempotency(digests[n] or "")) for n in keyed]
+    legacy = {n: text(v) for n, v in zip(keyed, found, strict=True) if v}
+    new = [n for n in range(len(reqs)) if n not in legacy]
     calls = [
-        admit_call(keys, settings, _new_id(r, d), r, d) for r, d in zip(reqs, digests, strict=True)
+        admit_call(keys, settings, _new_id(reqs[n], digests[n]), reqs[n], digests[n]) for n in new
     ]
-    admitted = yield calls
-    ids = [text(reply[1]) for reply in admitted]
-    fresh = [text(reply[0]) == "ok" for reply in admitted]
+    admitted = dict(zip(new, (yield calls), strict=True))
+    ids = [legacy[n] if n in legacy else text(admitted[n][1]) for n in range(len(reqs))]
+    fresh = [n in admitted and text(admitted[n][0]) == "ok" for n in range(len(reqs))]
     dup_ids = [i for i, f in zip(ids, fresh, strict=True) if not f]
     states = iter((yield [("HGET", keys.request(i), "state") for i in dup_ids]))
     todo = [f or text(next(states) or b"") == "queued" for f in fresh]
@@ -117,7 +123,11 @@ def refusal(e: Enqueued, req: GenerationRequest, settings: Settings) -> TokenqEr
 
 
 def _new_id(req: GenerationRequest, digest: str | None) -> str:
-    return new_request_id(req.model, digest[:REQUEST_TAG_CHARS] if digest else None)
+    return new_request_id(req.model, idempotency_tag(digest) if digest else None)
+
+
+def _of(indices: list[int], items: list[T]) -> list[tuple[int, T]]:
+    return [(n, items[n]) for n in indices]
 
 
 def _digest(req: GenerationRequest) -> str | None:

@@ -8,20 +8,39 @@ they spread over the slots and take the per-token traffic off the model's shard.
 
 A request id is ``<model tag>-<request tag><8 more hex>``: any process finds both
 the model's keys and the request's from the id alone.
+
+Request tags fall on NUM_REQUEST_SLOTS hash slots spread evenly over the 16,384 (a
+random 11-hex head, then 5 hex chosen so that the tag lands on the slot: CRC16 is
+linear, so ``slot_tag`` finds them with a lookup or two). Why bounded: on a cluster a reader
+sends one XREAD per slot it follows each round (XREAD keys must share a slot), so with
+a slot per request following 2,000 streams took ~667 XREADs per node a round; with
+NUM_REQUEST_SLOTS it takes at most that many in all, however many streams are
+followed, and a worker's publish calls group by slot the same way. Why evenly spread:
+masters own contiguous slot ranges, so every master owns about the same number of
+them (96 slots: 32 on each of 3 masters, 16 of 6) and takes its share of the token
+traffic. Ids from before (a tag on any slot) keep working: every key is derived from
+the id, never from this set.
 """
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import re
 import secrets
 from dataclasses import dataclass
+from functools import cache
 
 from shared.errors import InvalidRequest
 
 TAG_CHARS = 8
 REQUEST_TAG_CHARS = 16
 REQUEST_ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{16})([0-9a-f]{8})$")
+NUM_SLOTS = 16_384
+NUM_REQUEST_SLOTS = 96
+REQUEST_SLOTS = tuple(i * NUM_SLOTS // NUM_REQUEST_SLOTS for i in range(NUM_REQUEST_SLOTS))
+SUFFIX_CHARS = 4  # the end of a request tag that, with the hex digit before it, picks its slot
+HEAD_CHARS = REQUEST_TAG_CHARS - SUFFIX_CHARS - 1  # the random (or digest) start of a tag
 
 
 def model_tag(model: str) -> str:
@@ -30,14 +49,51 @@ def model_tag(model: str) -> str:
 
 
 def new_request_id(model: str, request_tag: str | None = None) -> str:
-    """A fresh id; ``request_tag`` (an idempotency digest's head) puts it on that slot."""
-    rtag = request_tag or secrets.token_hex(REQUEST_TAG_CHARS // 2)
+    """A fresh id; ``request_tag`` (``idempotency_tag``) puts it on that slot, else it
+    goes on one of the REQUEST_SLOTS at random."""
+    head = secrets.token_hex(6)[:HEAD_CHARS]
+    rtag = request_tag or slot_tag(head, secrets.choice(REQUEST_SLOTS))
     return f"{model_tag(model)}-{rtag}{secrets.token_hex(4)}"
 
 
 def idempotency_digest(model: str, key: str, tenant: str | None = None) -> str:
     """Per model and tenant: one tenant's key never finds another tenant's request."""
     return hashlib.sha256("\x00".join((model, tenant or "", key)).encode()).hexdigest()
+
+
+def idempotency_tag(digest: str) -> str:
+    """The request tag of the request submitted with idempotency digest ``digest`` (hex),
+    on one of the REQUEST_SLOTS: the same tag for the same digest, in every process."""
+    slot = REQUEST_SLOTS[int(digest[HEAD_CHARS:REQUEST_TAG_CHARS], 16) % NUM_REQUEST_SLOTS]
+    return slot_tag(digest[:HEAD_CHARS], slot)
+
+
+def legacy_idempotency_tag(digest: str) -> str:
+    """Where producers before the bounded slots kept a digest's key (its first 16 hex)."""
+    return digest[:REQUEST_TAG_CHARS]
+
+
+def slot_tag(head: str, slot: int) -> str:
+    """``head`` (11 hex) and 5 hex more: a hash tag on ``slot``. Redis's CRC16 (XMODEM)
+    is linear: CRC(head + c + suffix) = CRC(head + c + 4 zero bytes) ^ CRC(suffix), and
+    4-hex suffixes reach 80% of the slots' 14 bits, so the first ``c`` (a hex digit)
+    whose lookup hits gives the tag (the same for the same head and slot)."""
+    for c in "0123456789abcdef":
+        base = binascii.crc_hqx(f"{head}{c}".encode() + b"\0" * SUFFIX_CHARS, 0)
+        suffix = _suffixes().get((base ^ slot) % NUM_SLOTS)
+        if suffix is not None:
+            return f"{head}{c}{suffix}"
+    raise ValueError(f"no request tag on slot {slot} starts with {head!r}")  # not seen
+
+
+@cache
+def _suffixes() -> dict[int, str]:
+    """The low 14 bits of CRC16 -> a 4-hex string with them (for 80% of the values)."""
+    table: dict[int, str] = {}
+    for n in range(16**SUFFIX_CHARS):
+        suffix = f"{n:0{SUFFIX_CHARS}x}"
+        table.setdefault(binascii.crc_hqx(suffix.encode(), 0) % NUM_SLOTS, suffix)
+    return table
 
 
 def _match(request_id: str) -> re.Match[str]:
@@ -137,8 +193,17 @@ class Keys:
     # Per request (the request's own tag, taken from the id or the idempotency digest).
     def idempotency(self, digest: str) -> str:
         """Holds the id of the request submitted with that key (``idempotency_digest``);
-        on the slot of that request, whose id carries ``digest[:REQUEST_TAG_CHARS]``."""
-        return self._q(digest[:REQUEST_TAG_CHARS], f"idem:{digest}")
+        on the slot of that request, whose id carries ``idempotency_tag(digest)``."""
+        return self._q(idempotency_tag(digest), f"idem:{digest}")
+
+    def legacy_idempotency(self, digest: str) -> str:
+        """Where producers before the bounded request slots kept the same key."""
+        return self._q(legacy_idempotency_tag(digest), f"idem:{digest}")
+
+    def no_idempotency(self, request_id: str) -> str:
+        """A name on the request's slot that the scripts never write: admit.lua's KEYS
+        slot for a request submitted without an idempotency key."""
+        return self._q(request_tag(request_id), "idem:-")
 
     def request(self, request_id: str) -> str:
         return self._q(request_tag(request_id), f"req:{request_id}")

@@ -27,9 +27,11 @@ from shared.models import token_wire
 from worker.engine.outputs import RequestOutput
 
 NUM_DELAYS_KEPT = 4_096
-# The next step is taken to last as long as the longest of the last few: a step that
-# runs long (a prefill joins, the host is busy) is what could hold a token past the window.
+# The next chance to write is taken to come as late as the latest of the last few did:
+# an engine step that runs long (a prefill joins), a slow claim round trip, a busy host
+# that starves the loop, all of which could hold a token past the window.
 NUM_STEPS_KEPT = 16
+NUM_GAPS_KEPT = 32
 
 
 @dataclass
@@ -43,6 +45,9 @@ class Coalescer:
     _oldest_s: float | None = None
     delays_s: deque[float] = field(default_factory=lambda: deque(maxlen=NUM_DELAYS_KEPT))
     steps_s: deque[float] = field(default_factory=lambda: deque(maxlen=NUM_STEPS_KEPT))
+    # Time between consecutive calls of ``due`` while holding: the loop's chances to write.
+    gaps_s: deque[float] = field(default_factory=lambda: deque(maxlen=NUM_GAPS_KEPT))
+    _asked_s: float | None = None  # when ``due`` was last asked while holding
 
     @property
     def holding(self) -> bool:
@@ -59,15 +64,22 @@ class Coalescer:
             self._oldest_s = now
 
     def due(self) -> bool:
-        """Whether the next step would keep the oldest held output past the window:
-        then it goes out now, so none waits longer than the window (unless a step runs
-        longer than the recent ones did)."""
+        """Whether this is the last chance to write before the oldest held output's
+        deadline (held + window): the next chance is taken to come as late as the
+        latest of the recent ones (or of the recent engine steps), measured on the
+        loop as it runs, so claims, writes and a starved host count as well as the step.
+        None then waits past the window unless the loop suddenly slows past all its
+        recent turns."""
         if self._oldest_s is None:
             return False
+        now = self.clock()
+        if self._asked_s is not None:
+            self.gaps_s.append(now - self._asked_s)
+        self._asked_s = now
         if self.window_s <= 0:
             return True
-        next_step_s = max(self.steps_s, default=0.0)
-        return self.clock() + next_step_s - self._oldest_s > self.window_s
+        next_chance_s = max(max(self.gaps_s, default=0.0), max(self.steps_s, default=0.0))
+        return now + next_chance_s - self._oldest_s > self.window_s
 
     def take(self) -> list[RequestOutput]:
         """Everything held, one merged output per request, in the order first held."""
@@ -75,13 +87,15 @@ class Coalescer:
         groups = list(self._held.values())
         for group in groups:
             self.delays_s.extend(now - self._added_s[id(out)] for out in group)
-        self._held, self._added_s, self._oldest_s = {}, {}, None
+        self._held, self._added_s, self._oldest_s, self._asked_s = {}, {}, None, None
         return [merge(group) for group in groups]
 
     def discard(self, request_id: str) -> None:
         """Drop what is held for a request this worker no longer holds."""
         for out in self._held.pop(request_id, []):
             del self._added_s[id(out)]
+        if not self._held:
+            self._oldest_s, self._asked_s = None, None
 
     def p99_delay_ms(self) -> float:
         """The 99th percentile of how long recent outputs were held."""

@@ -27,6 +27,7 @@ from shared.calls import (
     parse_finish,
     publish_calls,
     settle_call,
+    slot_of,
 )
 from shared.connection import is_cluster
 from shared.fairness import excess_tokens, units
@@ -58,9 +59,11 @@ class StepPlan:
     finishes: list[Planned] = field(default_factory=list)
     finish_calls: list[ScriptCall] = field(default_factory=list)
 
-    def calls(self, keys: Keys, one_per_request: bool) -> list[ScriptCall]:
+    def calls(self, keys: Keys, cluster: bool) -> list[ScriptCall]:
+        if cluster:  # one publish call per slot, not per request (publish_calls)
+            self.tokens.sort(key=lambda p: slot_of(p.held.request_id))
         events = [token_publish(p.held, p.output) for p in self.tokens]
-        return [*publish_calls(keys, events, one_per_request), *self.finish_calls]
+        return [*publish_calls(keys, events, cluster), *self.finish_calls]
 
     def pair(self, replies: list[Any]) -> list[tuple[Planned, Any]]:
         """Each planned item with its reply: a publish code, or a finish reply."""

@@ -23,8 +23,9 @@ StreamHub = AsyncHub[Entry]
 
 
 # After a read that returned entries, the next waits this long: at most this much added
-# stream latency, for about a third of the XREAD work in Redis (bench/scale.py).
-GATHER_S = 0.015
+# stream latency, for far fewer XREADs while tokens flow (each costs Redis per stream it
+# names: at 25 ms about half the XREAD work of 15 ms, bench/scale_profile.py).
+GATHER_S = 0.025
 
 
 def gateway_hub(

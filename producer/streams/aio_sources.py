@@ -118,7 +118,7 @@ class AsyncClusterSource:
 
     async def read(self, cursors: dict[str, str], changed: asyncio.Event) -> Entries:
         await self._cluster.initialize()  # at once if it already is
-        plan = plan_reads(cursors, self._cluster.get_node_from_key, self._cluster.keyslot)
+        plan = plan_reads(cursors, self._cluster.nodes_manager.get_node_from_slot)
         rounds = [self._read_node(reads.node, reads.reads) for reads in plan.values()]
         found: Entries = []
         # Every node's round ends before an error is raised: a round still running on a

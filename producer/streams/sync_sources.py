@@ -101,7 +101,7 @@ class ClusterSource:
 
     def read(self, cursors: dict[str, str], changed: threading.Event) -> Entries:
         cluster = self._cluster
-        plan = plan_reads(cursors, cluster.get_node_from_key, cluster.keyslot)
+        plan = plan_reads(cursors, cluster.nodes_manager.get_node_from_slot)
         found: Entries = []
         for reads in plan.values():
             found.extend(self._read_node(reads.node, reads.reads))

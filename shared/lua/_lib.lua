@@ -121,9 +121,9 @@ local function fair_advance(queue, clock, tags, score)
 end
 
 -- Wake one idle worker blocked on the model's wakeup list (a list of at most one item).
+-- While every worker is busy the item stays there: a read instead of two writes.
 local function wake(wakeup)
-  redis.call('LPUSH', wakeup, '1')
-  redis.call('LTRIM', wakeup, 0, 0)
+  if redis.call('LLEN', wakeup) == 0 then redis.call('LPUSH', wakeup, '1') end
 end
 
 -- The final event of a request that ends before producing anything.
@@ -131,5 +131,7 @@ local function unstarted_final(reason, error)
   return cjson.encode({type = 'final', finish_reason = reason,
     usage = {prompt_tokens = 0, completion_tokens = 0}, error = error})
 end
-local EXPIRED_JSON = unstarted_final('expired', 'deadline passed while queued')
-local CANCELLED_JSON = unstarted_final('cancelled', cjson.null)
+-- Functions, not values: this library runs on every call of every script, and most
+-- calls (a publish per write, most of all) never need them encoded.
+local function expired_json() return unstarted_final('expired', 'deadline passed while queued') end
+local function cancelled_json() return unstarted_final('cancelled', cjson.null) end

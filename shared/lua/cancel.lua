@@ -11,7 +11,7 @@ if not state then return {'missing', ''} end
 if state == 'queued' then
   local now = now_ms()
   redis.call('HSET', KEYS[1], 'output', '{"text":"","token_ids":[]}')
-  finalize(KEYS[1], KEYS[2], ARGV[1], 'cancelled', CANCELLED_JSON, now, ARGV[2], ARGV[3])
+  finalize(KEYS[1], KEYS[2], ARGV[1], 'cancelled', cancelled_json(), now, ARGV[2], ARGV[3])
   return {'cancelled', tostring(now)}
 end
 if state == 'running' then

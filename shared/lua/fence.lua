@@ -27,7 +27,7 @@ if ARGV[3] == 'release' then
   redis.call('HINCRBY', h, 'attempts', -1)
 elseif cancel == '1' then
   -- Cancelled while its worker was dying: end it rather than run it again.
-  finalize(h, stream, id, 'cancelled', CANCELLED_JSON, now, ARGV[5], ARGV[6])
+  finalize(h, stream, id, 'cancelled', cancelled_json(), now, ARGV[5], ARGV[6])
   return {'cancelled', tostring(now), '1'}
 elseif tonumber(attempts or '0') >= tonumber(ARGV[4]) then
   local reason = 'worker lost ' .. attempts .. ' times (last: ' ..

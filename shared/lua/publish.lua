@@ -3,8 +3,8 @@
 -- by its token index, so a pipeline retried after a lost connection never writes a
 -- token twice. On Redis Cluster one call per request; on one Redis one per step.
 -- KEYS[2i - 1], KEYS[2i]: request hash and stream of event i (i from 1)
--- ARGV[5i - 4 .. 5i]: id, lease token, event json, number of new tokens, index of the
--- event's first token
+-- ARGV[4i - 3 .. 4i]: lease token, event json, number of new tokens, index of the event's
+-- first token
 -- Returns one code per event: 0 lease lost (nothing written) | 1 published (or already
 -- was) | 2 published and a cancel was requested | 3 gap: the stream holds fewer tokens
 -- than the index (nothing written)
@@ -25,8 +25,8 @@ end
 
 local out = {}
 for i = 1, #KEYS / 2 do
-  local a = 5 * i - 4
-  out[i] = publish_one(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2],
-    tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+  local a = 4 * i - 3
+  out[i] = publish_one(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1],
+    tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
 end
 return out

@@ -16,7 +16,7 @@ if state ~= 'queued' or gen <= tonumber(seen or '0') then
 end
 local now = now_ms()
 if deadline and tonumber(deadline) <= now then
-  finalize(h, KEYS[2], ARGV[1], 'expired', EXPIRED_JSON, now, ARGV[4], ARGV[5])
+  finalize(h, KEYS[2], ARGV[1], 'expired', expired_json(), now, ARGV[4], ARGV[5])
   return {'expired', tostring(now)}
 end
 local attempts = redis.call('HINCRBY', h, 'attempts', 1)

@@ -7,7 +7,11 @@ from collections import Counter
 from redis.cluster import RedisCluster
 
 from producer.client import Client
-from shared.keys import Keys
+from shared.calls import TokenPublish, publish_calls, slot_of
+from shared.flows import claim_flow, drive
+from shared.keys import NUM_REQUEST_SLOTS, Keys, model_tag
+from shared.models import TokenEvent, dumps
+from shared.scripts import Scripts
 from shared.settings import DEFAULT_MODEL, Settings
 from tests.conftest import serve
 
@@ -31,3 +35,20 @@ def test_the_requests_of_one_model_spread_over_all_three_masters(
     )
     assert hashes == masters  # a request's hash and stream share its slot
     assert all(h.status().position is not None for h in handles[:5])
+
+
+def test_a_step_of_many_requests_publishes_one_call_per_slot(cluster_redis: RedisCluster) -> None:
+    serve(cluster_redis, DEFAULT_MODEL)  # type: ignore[arg-type]
+    settings = Settings()
+    client = Client(connection=cluster_redis, settings=settings)  # type: ignore[arg-type]
+    ids = [h.id for h in client.submit_many([{"model": DEFAULT_MODEL, "prompt": "x"}] * 300)]
+    keys, scripts = Keys(), Scripts(cluster_redis)
+    claimed = drive(scripts, claim_flow(keys, settings, model_tag(DEFAULT_MODEL), "w1", ids))
+    claimed.sort(key=lambda c: slot_of(c.request_id))  # as a worker's step does
+    event = dumps(TokenEvent(index=0, token_ids=(7,), text="a"))
+    events = [TokenPublish(c.request_id, c.lease_token, event, 0, 1) for c in claimed]
+    calls = publish_calls(keys, events, cluster=True)
+    assert len(calls) == len({slot_of(i) for i in ids}) <= NUM_REQUEST_SLOTS < len(ids)
+    codes = [int(code) for reply in scripts.send(calls) for code in reply]
+    assert codes == [1] * len(ids)  # one code per event, in the events' order
+    assert all(cluster_redis.xlen(keys.stream(c.request_id)) == 1 for c in claimed[:20])

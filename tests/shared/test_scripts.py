@@ -12,6 +12,8 @@ from producer.client import Client
 from shared.calls import (
     Claimed,
     TokenPublish,
+    admit_call,
+    enqueue_call,
     finish_call,
     parse_finish,
     publish_calls,
@@ -22,7 +24,13 @@ from shared.connection import is_cluster
 from shared.errors import QueueFull
 from shared.fairness import estimated_tokens, units
 from shared.flows import claim_flow, drive
-from shared.keys import Keys, model_tag
+from shared.keys import (
+    Keys,
+    idempotency_digest,
+    legacy_idempotency_tag,
+    model_tag,
+    new_request_id,
+)
 from shared.models import (
     FinalEvent,
     FinishReason,
@@ -33,7 +41,7 @@ from shared.models import (
 )
 from shared.priority import queue_score
 from shared.replies import text
-from shared.scripts import Scripts
+from shared.scripts import ScriptCall, Scripts
 from shared.settings import Settings
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -95,6 +103,22 @@ def test_an_idempotency_key_is_scoped_to_its_tenant(client: Client) -> None:
     assert beta.id != acme.id and acme_again.id == acme.id
     assert (acme.status().tenant, beta.status().tenant) == ("acme", "beta")
     assert client.redis.zcard(Keys().queue(TAG)) == 2
+
+
+def test_a_key_from_before_the_bounded_slots_still_finds_its_request(client: Client) -> None:
+    # A producer from before kept the key on the slot of the digest's first 16 hex, and
+    # gave the request that tag; a retry through this version must find it, not submit again.
+    keys, scripts = client.keys, Scripts(client.redis)
+    req = GenerationRequest(model=MODEL, prompt="a", idempotency_key="order-17")
+    digest = idempotency_digest(MODEL, "order-17", req.tenant)
+    old_id = new_request_id(MODEL, legacy_idempotency_tag(digest))
+    admit = admit_call(keys, client.settings, old_id, req, digest)
+    old_admit = ScriptCall("admit", [admit.keys[0], keys.legacy_idempotency(digest)], admit.args)
+    scripts.send([old_admit])
+    scripts.send([enqueue_call(keys, client.settings, old_id, req)])
+    again = client.submit("a", idempotency_key="order-17")
+    assert again.id == old_id
+    assert client.redis.zcard(Keys().queue(TAG)) == 1
 
 
 def test_a_request_is_claimed_once_even_when_two_workers_race(client: Client) -> None:
@@ -207,7 +231,7 @@ def test_one_publish_call_serves_a_whole_step_with_a_code_per_request(client: Cl
     items[1] = TokenPublish(claimed[1].request_id, "stale:1", event, 0, 1)
     items.append(TokenPublish(claimed[2].request_id, claimed[2].lease_token, event, 5, 1))
     # One call for the step on one Redis; one per request on a cluster (one slot each).
-    calls = publish_calls(Keys(), items, one_per_request=is_cluster(client.redis))
+    calls = publish_calls(Keys(), items, cluster=is_cluster(client.redis))
     codes = [code for call in calls for code in Scripts(client.redis).run(call)]
     assert codes == [1, 0, 1, 3]
     by_id = {h.id: h for h in handles}

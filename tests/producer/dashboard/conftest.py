@@ -59,7 +59,7 @@ class World:
     def publish(self, claimed: Claimed, text: str, index: int = 0) -> None:
         event = TokenEvent(index=index, token_ids=(index + 1,), text=text)
         publish = TokenPublish(claimed.request_id, claimed.lease_token, dumps(event), index, 1)
-        (call,) = publish_calls(self.keys, [publish], one_per_request=True)
+        (call,) = publish_calls(self.keys, [publish], cluster=True)
         self.scripts.run(call)
 
     def finish(self, claimed: Claimed, reason: FinishReason, state: str = "finished") -> None:

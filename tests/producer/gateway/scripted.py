@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shared.calls import Claimed, TokenPublish, finish_call, publish_calls
+from shared.calls import Claimed, TokenPublish, finish_call, publish_calls, slot_of
 from shared.connection import close, connect, is_cluster
 from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
@@ -109,6 +109,8 @@ class ScriptedWorker:
             limit = run.request.sampling.max_tokens
             self._finish(run, FinishReason.LENGTH if run.num_sent == limit else FinishReason.STOP)
         runs = list(self.running.values())
+        if self.cluster:  # one publish call per slot (see publish_calls)
+            runs.sort(key=lambda r: slot_of(r.claimed.request_id))
         if not runs:
             return
         sizes = [min(self.tokens_per_entry, self._limit(r) - r.num_sent) for r in runs]

@@ -76,9 +76,8 @@ def test_reads_are_planned_one_per_slot_and_one_pipeline_per_node() -> None:
 
     nodes = {"n1": Node("n1"), "n2": Node("n2")}
     where = {"a": ("n1", 1), "b": ("n1", 1), "c": ("n1", 2), "d": ("n2", 9)}
-    plan = plan_reads(
-        {k: "0-0" for k in where}, lambda k: nodes[where[k][0]], lambda k: where[k][1]
-    )
+    node_of_slot = {slot: nodes[name] for name, slot in where.values()}
+    plan = plan_reads({k: "0-0" for k in where}, node_of_slot.__getitem__, lambda k: where[k][1])
     assert {name: r.reads for name, r in plan.items()} == {
         "n1": [{"a": "0-0", "b": "0-0"}, {"c": "0-0"}],
         "n2": [{"d": "0-0"}],
