@@ -113,10 +113,27 @@ class WorkerService:
         if claimed:
             return True
         self.flush(force=True)
-        if burst and not self.redis.zcard(self.keys.queue(self.tag)):
+        if burst and not self._can_serve_queued():
             return False
         self.redis.blpop([self.keys.wakeup(self.tag)], timeout=IDLE_WAIT_S)
         return True
+
+    def _can_serve_queued(self) -> bool:
+        """Whether the queue holds a request this worker could claim: adapter requests
+        over its LoRA rank wait for a worker that serves them, so a burst run ends
+        without them (claim.lua)."""
+        queue = self.keys.queue(self.tag)
+        num_queued = int(self.redis.zcard(queue))
+        if not num_queued:
+            return False
+        limit = self.engine.lora_rank_limit()
+        beyond: list[Any] = self.redis.zrange(
+            self.keys.lora_ranks(self.tag), f"({limit}", "+inf", byscore=True
+        )
+        if not beyond:
+            return True
+        scores: list[Any] = self.redis.zmscore(queue, beyond)
+        return num_queued > sum(score is not None for score in scores)
 
     def drain(self, timeout_s: float) -> None:
         """After a stop: keep stepping what is held, up to ``timeout_s``; hand back

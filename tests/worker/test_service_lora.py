@@ -67,3 +67,17 @@ def test_a_worker_that_serves_no_adapters_leaves_their_requests_queued(setup: An
     _, lora_service, lora_engine = setup
     assert lora_service.intake() == 1
     assert list(lora_engine.running) == [with_lora.id]
+
+
+def test_a_burst_run_ends_when_only_requests_it_cannot_serve_are_queued(setup: Any) -> None:
+    client, _, _ = setup
+    engine = ScriptedEngine(lora_rank=0)  # as --max-loras 0
+    base_only = WorkerService(engine, client.redis, client.settings, MODEL, "base-only")
+    with_lora = client.submit("p", model=MODEL, lora="poet", max_tokens=2)
+    plain = client.submit("p", model=MODEL, max_tokens=2)
+    base_only.run(burst=True)  # returns: the adapter request is not its to serve
+    assert plain.result(timeout=1).finish_reason is FinishReason.LENGTH
+    assert with_lora.status().state is RequestState.QUEUED
+    _, lora_service, _ = setup
+    lora_service.run(burst=True)
+    assert with_lora.result(timeout=1).finish_reason is FinishReason.LENGTH
