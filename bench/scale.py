@@ -25,7 +25,11 @@ master's share of the token traffic (stream entries written, and Redis CPU).
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as `python bench/...`
 
 from bench.scale_run import Figures, Target, cluster_target, measure, single_target
 from producer.gateway.hub import GATHER_S

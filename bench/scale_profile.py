@@ -13,7 +13,11 @@ each script (EVALSHA by script name) and each plain command, per token.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as `python bench/...`
 
 from bench.scale import AFTER, BEFORE, sim_model
 from bench.scale_run import Figures, measure, single_target

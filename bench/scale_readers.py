@@ -17,13 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as `python bench/...`
 
 from bench.scale_run import Target, cluster_target, single_target
 from producer.gateway.hub import gateway_hub

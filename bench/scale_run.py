@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import redis
 
@@ -153,7 +154,7 @@ def start_webapp(
 ) -> subprocess.Popen[bytes]:
     args = [url, model, str(depth), str(max_tokens), str(gather_ms)]
     cmd = [sys.executable, "-m", "bench.webapp", *args]
-    return subprocess.Popen(cmd)
+    return subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
 
 
 def wait_registered(connection: redis.Redis, n: int, timeout_s: float = 300) -> None:
