@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
 from producer.dashboard.actions import AsyncAdmin
 from producer.dashboard.errors import Conflict, NotFoundError
@@ -8,6 +14,7 @@ from shared.errors import NotFound
 from shared.keys import model_tag
 from shared.models import FinishReason, RequestState
 from shared.scripts import AsyncScripts
+from tests.cluster import LocalCluster
 from tests.producer.dashboard.conftest import MODEL, World
 
 TAG = model_tag(MODEL)
@@ -22,6 +29,20 @@ def _dead(world: World, n: int) -> list[str]:
     for claimed in world.claim("w1", *ids):
         world.finish(claimed, FinishReason.ERROR, state="dead")
     return ids
+
+
+async def test_purge_on_a_redis_cluster_deletes_dead_requests(
+    cluster_redis: RedisCluster, redis_cluster: LocalCluster
+) -> None:
+    aio = AsyncRedisCluster.from_url(redis_cluster.node_url)
+    world = World(cast(redis.Redis, cluster_redis), cast(redis.asyncio.Redis, aio))
+    ids = _dead(world, 3)
+    try:
+        assert await _admin(world).purge_dead([TAG], max_requests=10) == 3
+    finally:
+        await aio.aclose()
+    assert not any(cluster_redis.exists(world.keys.request(i), world.keys.stream(i)) for i in ids)
+    assert cluster_redis.zcard(world.keys.dead(TAG)) == 0
 
 
 async def test_cancel_a_queued_request_ends_its_stream(world: World) -> None:
