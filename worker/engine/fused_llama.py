@@ -4,8 +4,16 @@ On the CPU a step's cost is the linear layers, and small ones (a 576-wide model'
 key and value projections) run far below the machine's peak. Fusing q/k/v into
 one matmul and gate/up into another, and skipping transformers' per-call
 plumbing, makes each step cheaper. The original parameters become views of the
-fused ones, so the model keeps working (and costs no extra memory). Anything that
-is not plainly Llama-shaped runs through transformers' own forward instead.
+fused ones, so the model keeps working. Anything that is not plainly Llama-shaped
+runs through transformers' own forward instead.
+
+On the CPU every projection and the LM head run through oneDNN with the weight
+reordered once into its blocked layout (:class:`Projection`), rather than through
+``functional.linear`` (MKL's sgemm). Measured on the 2-core box (AMD EPYC) at 64
+rows, fp32: the gate/up projection 1,057 us against 2,037 us, the LM head 17.7 ms
+against 35.3 ms, and faster at every shape from 8 rows to 512. A single row's
+small projections take some microseconds more, its LM head half the time. The
+reordered copies cost one more copy of the projection weights in host memory.
 """
 
 from __future__ import annotations
@@ -31,10 +39,12 @@ class FusedLlama:
             config.hidden_size // config.num_attention_heads
         )
         self.layers = list(model.model.layers)
-        self.qkv = [
-            _fuse_params(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers
-        ]
-        self.gate_up = [_fuse_params(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers]
+        attn_parts, mlp_parts = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+        self.qkv = [Projection(_fuse_params(layer.self_attn, attn_parts)) for layer in self.layers]
+        self.o = [Projection(layer.self_attn.o_proj.weight) for layer in self.layers]
+        self.gate_up = [Projection(_fuse_params(layer.mlp, mlp_parts)) for layer in self.layers]
+        self.down = [Projection(layer.mlp.down_proj.weight) for layer in self.layers]
+        self.lm_head = Projection(model.lm_head.weight)
         self.lora: LoraBatch | None = None  # the step's adapters, set by the model runner
 
     @staticmethod
@@ -63,7 +73,7 @@ class FusedLlama:
         rope = (cos[0, :, None, :], sin[0, :, None, :])
         for index, layer in enumerate(self.layers):
             x = self._layer(index, layer, x, rope, batch)
-        logits: torch.Tensor = self.model.lm_head(_norm(inner.norm, x[logits_index]))
+        logits = self.lm_head(_norm(inner.norm, x[logits_index]))
         pooled = None if pool_index is None else _norm(inner.norm, x[pool_index])
         return logits, pooled
 
@@ -77,7 +87,7 @@ class FusedLlama:
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         h = _norm(layer.input_layernorm, x)
-        qkv = apply_lora(self.lora, index, "qkv", h, functional.linear(h, self.qkv[index]))
+        qkv = apply_lora(self.lora, index, "qkv", h, self.qkv[index](h))
         # Queries and keys lie side by side in the fused output: one rotation for both.
         qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
         qk = qkv[:, :qk_width].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
@@ -85,15 +95,35 @@ class FusedLlama:
         v = qkv[:, qk_width:].view(num_tokens, self.num_kv_heads, self.head_dim)
         attn = attend(index, q, k, v, batch, layer.self_attn.scaling)
         attn = attn.reshape(num_tokens, -1)
-        x = x + apply_lora(self.lora, index, "o", attn, layer.self_attn.o_proj(attn))
+        x = x + apply_lora(self.lora, index, "o", attn, self.o[index](attn))
         h = _norm(layer.post_attention_layernorm, x)
-        gate_up = apply_lora(
-            self.lora, index, "gate_up", h, functional.linear(h, self.gate_up[index])
-        )
+        gate_up = apply_lora(self.lora, index, "gate_up", h, self.gate_up[index](h))
         gate, up = gate_up.chunk(2, dim=-1)
         h = layer.mlp.act_fn(gate) * up
-        mlp_out: torch.Tensor = apply_lora(self.lora, index, "down", h, layer.mlp.down_proj(h))
+        mlp_out: torch.Tensor = apply_lora(self.lora, index, "down", h, self.down[index](h))
         return x + mlp_out
+
+
+class Projection:
+    """A bias-free linear layer: through oneDNN with the weight reordered once for
+    fp32 on the CPU (see the module docs), ``functional.linear`` elsewhere."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.detach()
+        self.packed: torch.Tensor | None = None
+        on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
+        mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        if on_cpu and mkldnn and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+            with torch.inference_mode():
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return functional.linear(x, self.weight)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x.contiguous(), self.packed, None, "none", [], ""
+        )
+        return out
 
 
 def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
