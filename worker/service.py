@@ -16,17 +16,15 @@ from pydantic import ValidationError
 from shared.calls import Claimed
 from shared.connection import UNREACHABLE, Backoff
 from shared.flows import claim_flow, drive, fence_flow
-from shared.keys import REQUEST_ID_RE, Keys, model_tag
-from shared.loras import get_lora
-from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent
-from shared.priority import FRESH_OFFSET
-from shared.records import stream_event
-from shared.replies import text
+from shared.keys import Keys, model_tag
+from shared.models import FinalEvent, FinishReason, GenerationRequest
 from shared.scripts import Scripts
 from shared.settings import Settings
+from worker.admission import engine_request, restore
+from worker.claims import can_serve_queued, candidates, valid_ids
 from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
-from worker.engine.request import EngineRequest, LoraRef
+from worker.engine.request import EngineRequest
 from worker.held import Held
 from worker.metrics import WorkerMetrics
 from worker.publisher import Planned, end_call, finish_now, plan_step, send_step, settle
@@ -113,27 +111,12 @@ class WorkerService:
         if claimed:
             return True
         self.flush(force=True)
-        if burst and not self._can_serve_queued():
+        if burst and not can_serve_queued(
+            self.redis, self.keys, self.tag, self.engine.lora_rank_limit()
+        ):
             return False
         self.redis.blpop([self.keys.wakeup(self.tag)], timeout=IDLE_WAIT_S)
         return True
-
-    def _can_serve_queued(self) -> bool:
-        """Whether the queue holds a request this worker could claim: adapter requests
-        over its LoRA rank wait for a worker that serves them, so a burst run ends
-        without them (claim.lua)."""
-        queue = self.keys.queue(self.tag)
-        num_queued = int(self.redis.zcard(queue))
-        if not num_queued:
-            return False
-        limit = self.engine.lora_rank_limit()
-        beyond: list[Any] = self.redis.zrange(
-            self.keys.lora_ranks(self.tag), f"({limit}", "+inf", byscore=True
-        )
-        if not beyond:
-            return True
-        scores: list[Any] = self.redis.zmscore(queue, beyond)
-        return num_queued > sum(score is not None for score in scores)
 
     def drain(self, timeout_s: float) -> None:
         """After a stop: keep stepping what is held, up to ``timeout_s``; hand back
@@ -278,7 +261,8 @@ class WorkerService:
         if room <= 0 or self.stopping.is_set():
             return 0
         free = self.engine.num_free_slots()
-        ids = self._valid_ids(self._candidates(room, free))
+        heads = candidates(self.redis, self.keys, self.tag, room, free)
+        ids = valid_ids(self.redis, self.keys, self.tag, heads)
         if not ids:
             return 0
         flow = claim_flow(
@@ -288,34 +272,6 @@ class WorkerService:
         for c in claimed:
             self._admit(c)
         return len(claimed)
-
-    def _candidates(self, room: int, free: int) -> list[Any]:
-        """Queue heads to claim: resumed ones up to ``room``, new ones up to ``free``
-        in all (one round trip, with the pause flag; nothing while paused)."""
-        last = "+inf" if free > 0 else f"({FRESH_OFFSET}"  # full: resumed ones only
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.exists(self.keys.paused(self.tag))
-        pipe.zrange(
-            self.keys.queue(self.tag), 0, last, byscore=True, offset=0, num=room, withscores=True
-        )
-        paused, heads = pipe.execute()
-        if paused:
-            return []
-        picked: list[Any] = []
-        for member, score in heads:
-            if len(picked) < (room if score < FRESH_OFFSET else free):
-                picked.append(member)
-        return picked
-
-    def _valid_ids(self, members: list[Any]) -> list[str]:
-        """Queue members that are request ids; anything else was written by hand or by
-        a broken client, and is taken off the queue so it cannot block it."""
-        ids = [text(m) for m in members]
-        bad = [i for i in ids if REQUEST_ID_RE.match(i) is None]
-        if bad:
-            log.error("removing malformed queue entries %r", bad)
-            self.redis.zrem(self.keys.queue(self.tag), *bad)
-        return [i for i in ids if i not in bad]
 
     def _admit(self, claimed: Claimed) -> None:
         """Hand a claimed request to the engine. It is held (its lease renewed) only once
@@ -328,56 +284,17 @@ class WorkerService:
             return
         held = Held(claimed.request_id, claimed.lease_token, request)
         if claimed.num_generated:
-            self._restore(held)
+            restore(self.redis, self.keys, held)
         try:
-            self.engine.add_request(self._engine_request(held))
+            self.engine.add_request(
+                engine_request(self.engine, self.redis, self.keys, self.model, held)
+            )
         except Exception as e:  # the tokenizer, its chat template or the engine refused it
             log.warning("request %s cannot run: %r", held.request_id, e)
             self._end_now(held, FinishReason.ERROR, f"cannot run this request: {e}")
             return
         with self.held_lock:
             self.held[held.request_id] = held
-
-    def _engine_request(self, held: Held) -> EngineRequest:
-        req = held.request
-        if req.messages is not None:
-            ids = self.engine.encode_chat([m.model_dump() for m in req.messages])
-        else:
-            ids = self.engine.encode_prompt(req.prompt or "")
-        held.num_prompt_tokens = len(ids)
-        deadline = None if req.deadline_ms is None else req.deadline_ms / 1000
-        return EngineRequest(
-            request_id=held.request_id,
-            prompt_token_ids=ids,
-            sampling=req.sampling,
-            priority=req.priority,
-            arrival=time.monotonic(),
-            output_token_ids=list(held.token_ids),
-            output_text="".join(held.text_parts),
-            deadline_unix_s=deadline,
-            task=req.task,
-            dimensions=req.dimensions,
-            lora=self._lora_ref(req),
-        )
-
-    def _lora_ref(self, req: GenerationRequest) -> LoraRef | None:
-        """Where the request's adapter is, read from the registry when it is claimed."""
-        if req.lora is None:
-            return None
-        adapter = get_lora(self.redis, self.keys, self.model, req.lora)
-        if adapter is None:
-            raise ValueError(
-                f"LoRA adapter {req.lora!r} is no longer registered for model {self.model!r}"
-            )
-        return LoraRef(adapter.name, adapter.path)
-
-    def _restore(self, held: Held) -> None:
-        """Take back what earlier attempts published, so generation resumes after it."""
-        entries: Any = self.redis.xrange(self.keys.stream(held.request_id))
-        for entry_id, fields in entries:
-            event = stream_event(entry_id, fields).event
-            if isinstance(event, TokenEvent):
-                held.record(list(event.token_ids), event.text)
 
     def _end_now(
         self, held: Held, reason: FinishReason, error: str, state: str | None = None
