@@ -16,9 +16,10 @@ out=.gpu
 limit_mib=60
 rm -rf "$out" && mkdir -p "$out/call1" "$out/call2/wheels" "$out/call2/redis"
 
-# Our runtime and test dependencies at the versions this machine runs (the device
-# image has torch, triton, numpy, accelerate, safetensors, pytest, typer, rich...).
-packages=(transformers tokenizers huggingface_hub redis hiredis pydantic pydantic_core
+# Our runtime and test dependencies at the versions this machine runs. The device
+# image has torch, triton, numpy, accelerate, safetensors, pytest, typer, rich and a
+# huggingface_hub that our transformers accepts (ours would need httpx2 as well).
+packages=(transformers tokenizers redis hiredis pydantic pydantic_core
   pydantic-settings annotated-types typing-inspection python-dotenv orjson rq croniter gguf
   fakeredis pytest-asyncio)
 pins=()
