@@ -19,7 +19,7 @@ if [[ "${1:-}" == stage ]]; then
 fi
 
 setup() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  rm -rf /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .gpu/call2/wheels/*.whl || return 1
   mkdir -p /tmp/redis-bin && cp .gpu/call2/redis/* /tmp/redis-bin/ && chmod +x /tmp/redis-bin/redis-server
   local name; name=$(cat .gpu/call2/model.gguf.name)
@@ -42,17 +42,17 @@ export TOKENQ_MODEL_CACHE_DIR=$stage/models HF_HUB_OFFLINE=1
 
 # name, time limit in seconds, command
 steps=(
-  "cuda-tests|240|python3 -m pytest -m cuda -q -p no:cacheprovider tests/worker/engine"
+  "cuda-tests|240|python3 -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests/worker/engine"
   "engine|300|python3 bench/engine.py --device cuda --repeat 10 --skip-static"
   "through-redis|300|python3 bench/through_redis.py --device cuda --repeat 10"
   "greedy|180|python3 bench/greedy_agreement.py --device cuda"
 )
 
 figures=$out/gpu-figures.txt
+setup > "$out/setup.log" 2>&1 || { tail -n 20 "$out/setup.log"; exit 1; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$figures"
-setup 2>&1 | tail -3 | tee -a "$figures"
 started=$SECONDS
 for step in "${steps[@]}"; do
   IFS='|' read -r name limit_s cmd <<< "$step"
