@@ -11,8 +11,9 @@ import orjson
 import redis
 
 from producer.batch import chain, driver, store, webhooks
+from producer.batch.bodies import parse_jsonl
 from producer.batch.context import Context, batch_redis
-from producer.batch.lines import BatchInputError, parse_jsonl
+from producer.batch.lines import BatchInputError
 from producer.batch.models import BatchState, BatchStatus
 from producer.batch.store import Results
 from producer.client import Client

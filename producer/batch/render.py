@@ -1,4 +1,4 @@
-"""A batch line's answer rendered by the live route's own renderer, so an output line's
+"""A batch line's answer rendered by the live routes' own renderer, so an output line's
 body is what ``/v1/chat/completions`` or ``/v1/completions`` would have answered."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from producer.batch.lines import BatchLine
 from producer.gateway.entries import Entry
-from producer.gateway.openai_output import Kind, Renderer, chat_completion, completion
+from producer.openai.output import Kind, Renderer, chat_completion, completion
 from shared.models import FinalEvent, Result
 
 

@@ -11,19 +11,20 @@ import redis
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from producer.gateway.auth import Caller, Principal
+from producer.gateway.auth import Caller, Principal, priority_for
 from producer.gateway.backend import Backend, BackendDep, Submitted, model_not_found
 from producer.gateway.entries import Entry
 from producer.gateway.errors import error_responses, map_tokenq_error
-from producer.gateway.openai_output import (
+from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
+from producer.openai.output import (
     Renderer,
     chat_completion,
     completion,
     failure,
     stream_end,
 )
-from producer.gateway.openai_requests import chat_request, completion_request
-from producer.gateway.openai_schemas import (
+from producer.openai.requests import Origin, chat_request, completion_request
+from producer.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
@@ -31,7 +32,6 @@ from producer.gateway.openai_schemas import (
     ModelCard,
     ModelList,
 )
-from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
 from producer.requests import choice_requests
 from shared.errors import NotFound, TokenqError
 from shared.loras import list_loras_async
@@ -64,7 +64,7 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Generate a chat reply (OpenAI-compatible; tokenq fields as extra body fields)."""
-    plan = chat_request(body, caller)
+    plan = chat_request(body, origin(caller, body.priority))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     model = plan.requests[0].model
     renderers = [Renderer("chat", "", model, include_usage, i, plan.tools) for i in range(body.n)]
@@ -79,12 +79,17 @@ async def completions(
     body: CompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Continue a prompt (OpenAI-compatible; one prompt per request)."""
-    gens = choice_requests(completion_request(body, caller), body.n)
+    gens = choice_requests(completion_request(body, origin(caller, body.priority)), body.n)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     renderers = [Renderer("text", "", gens[0].model, include_usage, i) for i in range(body.n)]
     want_logprobs = body.logprobs is not None
     whole: Whole = lambda finals: completion(renderers, finals, want_logprobs)  # noqa: E731
     return await _answer(request, backend, caller, gens, body.stream, renderers, whole)
+
+
+def origin(caller: Principal, asked: int | str | None) -> Origin:
+    """The caller's tenant and the priority its body asks for, checked against its key."""
+    return Origin(caller.tenant, priority_for(caller, asked))
 
 
 @router.get("/models", response_model=ModelList, responses=error_responses(401, 503))

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from producer.batch.lines import BatchInputError, BatchLine, LineError, parse_jsonl
+from producer.batch.bodies import parse_jsonl
+from producer.batch.lines import BatchInputError, BatchLine, LineError
 from producer.batch.output import refused_line, result_line
 from producer.gateway.entries import parse_entry
 from shared.models import (

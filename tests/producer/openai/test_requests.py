@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from producer.gateway.auth import Principal
-from producer.gateway.errors import ApiError
-from producer.gateway.openai_requests import chat_request, completion_request
-from producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
+from producer.openai.errors import ApiError
+from producer.openai.requests import Origin, chat_request, completion_request
+from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
 
-CALLER = Principal("acme", 100)
+CALLER = Origin("acme", 50)
 
 
 def _chat(**fields: object) -> ChatCompletionRequest:

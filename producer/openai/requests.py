@@ -1,4 +1,5 @@
-"""OpenAI-style bodies to tokenq GenerationRequests (field names kept in errors)."""
+"""OpenAI-style bodies to tokenq GenerationRequests (field names kept in errors), for the
+gateway's routes and batch lines alike."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producer.gateway.auth import Principal, priority_for
-from producer.gateway.errors import from_validation_errors, invalid
-from producer.gateway.openai_schemas import (
+from producer.openai.errors import from_validation_errors, invalid
+from producer.openai.schemas import (
     MAX_DEADLINE_S,
     ChatCompletionRequest,
     ChatMessageIn,
@@ -20,8 +20,7 @@ from producer.gateway.openai_schemas import (
     NamedToolChoice,
     ResponseFormat,
 )
-from producer.requests import choice_requests
-from producer.tools import (
+from producer.openai.tools import (
     ToolError,
     ToolPlan,
     calls_as_text,
@@ -29,8 +28,18 @@ from producer.tools import (
     tool_result_text,
     with_tool_prompt,
 )
+from producer.requests import choice_requests
 from shared.guided import UnsupportedSchema, check_json_schema
-from shared.models import MAX_N, OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
+from shared.models import MAX_N, OPENAI_PASSTHROUGH_SAMPLING, TENANT, GenerationRequest
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who sends a body, and the priority it runs at (the gateway checks the body's
+    priority against the caller's API key; a batch sets its own)."""
+
+    tenant: str | None
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class ChatPlan:
     tools: ToolPlan
 
 
-def chat_request(body: ChatCompletionRequest, caller: Principal) -> ChatPlan:
+def chat_request(body: ChatCompletionRequest, origin: Origin) -> ChatPlan:
     _check_common(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
@@ -53,7 +62,7 @@ def chat_request(body: ChatCompletionRequest, caller: Principal) -> ChatPlan:
     tools = _tool_plan(body)
     _add_guide(sampling, _response_schema(body.response_format), tools)
     messages = with_tool_prompt([to_prompt_message(m) for m in body.messages], tools)
-    gen = _build(body, caller, {"messages": messages}, sampling, body.metadata)
+    gen = _build(body, origin, {"messages": messages}, sampling, body.metadata)
     return ChatPlan(choice_requests(gen, body.n), tools)
 
 
@@ -102,7 +111,7 @@ def _add_guide(sampling: dict[str, Any], schema: dict[str, Any] | None, tools: T
         sampling["guided_json"] = schema if schema is not None else tools.schema()
 
 
-def completion_request(body: CompletionRequest, caller: Principal) -> GenerationRequest:
+def completion_request(body: CompletionRequest, origin: Origin) -> GenerationRequest:
     _check_common(body)
     if body.echo:
         raise invalid("echo is not supported; prepend the prompt yourself", "echo", "unsupported")
@@ -111,7 +120,7 @@ def completion_request(body: CompletionRequest, caller: Principal) -> Generation
     if body.suffix:
         raise invalid("suffix is not supported", "suffix", "unsupported")
     sampling = _sampling(body, body.max_tokens, body.logprobs)
-    return _build(body, caller, {"prompt": _prompt(body.prompt)}, sampling, None)
+    return _build(body, origin, {"prompt": _prompt(body.prompt)}, sampling, None)
 
 
 def _check_common(body: GenerationBody) -> None:
@@ -153,7 +162,7 @@ def _sampling(body: GenerationBody, max_tokens: int | None, logprobs: int | None
 
 def _build(
     body: GenerationBody,
-    caller: Principal,
+    origin: Origin,
     inputs: dict[str, Any],
     sampling: dict[str, Any],
     metadata: dict[str, str] | None,
@@ -163,15 +172,19 @@ def _build(
         "model": body.model,
         **inputs,
         "sampling": sampling,
-        "priority": priority_for(caller, body.priority),
+        "priority": origin.priority,
         "deadline_ms": deadline_ms(body.deadline),
         "idempotency_key": body.idempotency_key,
-        "metadata": {**(metadata or {}), **extra, "tenant": caller.tenant},
+        "metadata": {**(metadata or {}), **extra, **tenant_metadata(origin)},
     }
     try:
         return GenerationRequest.model_validate(data)
     except ValidationError as e:
         raise from_validation_errors(e.errors(), strip=("sampling",)) from e
+
+
+def tenant_metadata(origin: Origin) -> dict[str, str]:
+    return {} if origin.tenant is None else {TENANT: origin.tenant}
 
 
 def deadline_ms(deadline_s: float | None, param: str = "deadline") -> int | None:

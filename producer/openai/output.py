@@ -1,7 +1,7 @@
 """tokenq stream events to OpenAI responses: streamed chunks and whole completions.
 
 Chunks are built as plain dicts on the hot path (one per token per stream); the
-pydantic models in ``openai_schemas`` document them and the tests check they agree.
+pydantic models in ``schemas`` document them and the tests check they agree.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, Literal
 import orjson
 
 from producer.gateway.entries import Entry
-from producer.gateway.errors import ApiError, ErrorDetail, ErrorResponse
-from producer.gateway.openai_schemas import (
+from producer.openai.errors import ApiError, ErrorDetail, ErrorResponse
+from producer.openai.schemas import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -27,7 +27,7 @@ from producer.gateway.openai_schemas import (
     ToolCall,
     TopLogprob,
 )
-from producer.tools import ToolPlan, parse_tool_calls
+from producer.openai.tools import ToolPlan, parse_tool_calls
 from shared.models import FinalEvent, FinishReason, TokenEvent
 
 DONE = b"data: [DONE]\n\n"

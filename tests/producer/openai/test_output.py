@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 
 from producer.gateway.entries import Entry, parse_entry
-from producer.gateway.openai_output import Renderer, chat_completion, failure, stream_end
-from producer.gateway.openai_schemas import ChatCompletionChunk, Completion
-from producer.tools import plan_tools
+from producer.openai.output import Renderer, chat_completion, failure, stream_end
+from producer.openai.schemas import ChatCompletionChunk, Completion
+from producer.openai.tools import plan_tools
 from shared.models import FinalEvent, FinishReason, TokenEvent, Usage, dumps
 
 FINAL = FinalEvent(
