@@ -66,3 +66,54 @@ def _walk(node: Any, where: str, depth: int) -> None:
                 _walk(sub, f"{where}/{key}/{name}", depth + 1)
         elif key not in _DATA_KEYWORDS:
             _walk(value, f"{where}/{key}", depth + 1)
+
+
+# Keywords whose value is one subschema, or a list of them, that an object may sit in.
+_SUBSCHEMA = ("items", "additionalItems", "contains", "propertyNames")
+_SUBSCHEMAS = ("prefixItems", "anyOf", "oneOf")
+
+
+def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` as OpenAI's strict mode reads it: every object takes exactly its declared
+    properties, all of them required (``additionalProperties: false``), at every depth
+    (properties, items, anyOf, $defs...). A copy; ``schema`` is left as it is."""
+    closed: dict[str, Any] = _closed(schema, require_all=True)
+    return closed
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with no properties beyond those it declares where it does not say
+    (``additionalProperties`` left out), as vLLM's default reads a schema; what it
+    requires, and an object that declares no properties, stay as written. A copy."""
+    closed: dict[str, Any] = _closed(schema, require_all=False)
+    return closed
+
+
+def _closed(node: Any, require_all: bool) -> Any:
+    if isinstance(node, list):
+        return [_closed(item, require_all) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for key in _NAMED_SCHEMAS:
+        if isinstance(node.get(key), dict):
+            out[key] = {k: _closed(v, require_all) for k, v in node[key].items()}
+    for key in (*_SUBSCHEMA, *_SUBSCHEMAS):
+        if key in node:
+            out[key] = _closed(node[key], require_all)
+    if isinstance(node.get("additionalProperties"), dict):
+        out["additionalProperties"] = _closed(node["additionalProperties"], require_all)
+    if isinstance(node.get("properties"), dict):
+        _close_object(out, require_all)
+    return out
+
+
+def _close_object(out: dict[str, Any], require_all: bool) -> None:
+    """An object schema that names its properties: strict takes those, all required;
+    else closed only where it is silent (patternProperties say more names may come)."""
+    if require_all:
+        out["additionalProperties"] = False
+        out["required"] = list(out["properties"])
+        out.pop("patternProperties", None)
+    elif "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False

@@ -22,7 +22,9 @@ its answers go to files, not streams. A line's ``deadline`` counts from the subm
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -33,12 +35,14 @@ from producer.openai.errors import ApiError, from_validation_errors, invalid
 from producer.openai.requests import Origin, chat_request, completion_request
 from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
 from producer.requests import validate_request
+from shared.chat import ChatFeatures
 from shared.errors import InvalidRequest
 from shared.models import MAX_METADATA_ITEMS, TENANT, GenerationRequest
 from shared.priority import Priority
 from shared.settings import Settings
 
 Body = Mapping[str, Any]
+FeaturesOf = Callable[[str], ChatFeatures | None]
 M = TypeVar("M", bound=BaseModel)
 # The driver sets each line's priority and tenant; parsing only checks the body.
 BATCH_ORIGIN = Origin(None, int(Priority.NORMAL))
@@ -63,29 +67,45 @@ MAX_LINE_METADATA = MAX_METADATA_ITEMS - 3
 EMBEDDING_KNOWN = {"model", "input", "dimensions", "encoding_format", "user", "metadata"}
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What reading a file's lines takes beside them: the settings, the model of lines
+    that name none, and what each model's chat template does (its live workers say)."""
+
+    settings: Settings
+    model: str | None = None
+    features: FeaturesOf = field(default=lambda _: None)
+
+
 def parse_jsonl(
-    text: str | bytes, settings: Settings, *, model: str | None = None, max_lines: int = 50_000
+    text: str | bytes,
+    settings: Settings,
+    *,
+    model: str | None = None,
+    max_lines: int = 50_000,
+    features: FeaturesOf | None = None,
 ) -> list[BatchLine]:
     """Every non-blank line parsed; raises BatchInputError naming the lines it cannot
-    tell apart. Lines with bad bodies come back with their ``error``."""
+    tell apart. Lines with bad bodies come back with their ``error``. ``features``
+    gives a model's chat features (tools through its template, reasoning); without it
+    every model takes tools through the fallback prompt."""
     raw = text.decode() if isinstance(text, bytes) else text
     numbered = [(n, s) for n, s in enumerate(raw.splitlines(), 1) if s.strip()]
     if not numbered:
         raise BatchInputError(["the file has no lines"])
     if len(numbered) > max_lines:
         raise BatchInputError([f"{len(numbered)} lines, over the limit of {max_lines}"])
-    return parse_lines(numbered, settings, model=model)
+    lookup = functools.cache(features) if features is not None else (lambda _: None)
+    return parse_lines(numbered, Reading(settings, model, lookup))
 
 
-def parse_lines(
-    numbered: Iterable[tuple[int, str]], settings: Settings, *, model: str | None = None
-) -> list[BatchLine]:
+def parse_lines(numbered: Iterable[tuple[int, str]], reading: Reading) -> list[BatchLine]:
     lines: list[BatchLine] = []
     problems: list[str] = []
     seen: set[str] = set()
     for number, text in numbered:
         try:
-            line = parse_line(text, settings, model=model)
+            line = parse_line(text, reading)
             if line.custom_id in seen:
                 raise InvalidRequest(f"custom_id {line.custom_id!r} is used twice")
             seen.add(line.custom_id)
@@ -97,7 +117,7 @@ def parse_lines(
     return lines
 
 
-def parse_line(text: str, settings: Settings, *, model: str | None = None) -> BatchLine:
+def parse_line(text: str, reading: Reading) -> BatchLine:
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as e:
@@ -106,7 +126,7 @@ def parse_line(text: str, settings: Settings, *, model: str | None = None) -> Ba
         raise InvalidRequest("a line must be a JSON object")
     custom_id = _custom_id(data.get("custom_id"))
     body = _body(data)
-    return parse_body(custom_id, _kind(data, body), body, settings, model)
+    return parse_body(custom_id, _kind(data, body), body, reading)
 
 
 def _custom_id(value: object) -> str:
@@ -139,13 +159,11 @@ def _kind(data: dict[str, Any], body: dict[str, Any]) -> Kind:
     return URL_KINDS[url]
 
 
-def parse_body(
-    custom_id: str, kind: Kind, body: Body, settings: Settings, model: str | None
-) -> BatchLine:
+def parse_body(custom_id: str, kind: Kind, body: Body, reading: Reading) -> BatchLine:
     """The line, or (for a body the live route would refuse) the line with its error."""
-    fields = {**body, "model": body.get("model") or model or settings.default_model}
+    model = body.get("model") or reading.model or reading.settings.default_model
     try:
-        return PARSERS[kind](custom_id, fields, settings)
+        return PARSERS[kind](custom_id, {**body, "model": model}, reading)
     except ApiError as e:
         detail = e.detail
         error = LineError(detail.message, detail.param, detail.code, detail.type, e.status)
@@ -154,22 +172,28 @@ def parse_body(
     return BatchLine(custom_id, kind, None, error=error)
 
 
-def _chat(custom_id: str, body: Body, settings: Settings) -> BatchLine:
+def _chat(custom_id: str, body: Body, reading: Reading) -> BatchLine:
     parsed = _validated(ChatCompletionRequest, body)
-    plan = chat_request(parsed, BATCH_ORIGIN)
-    request = _settled(plan.requests[0], settings)
+    plan = chat_request(parsed, BATCH_ORIGIN, reading.features(parsed.model))
+    request = _settled(plan.requests[0], reading.settings)
     tools = plan.tools if plan.tools.active else None
-    return BatchLine(custom_id, "chat", request, parsed.n, tools, parsed.logprobs)
+    return BatchLine(
+        custom_id, "chat", request, parsed.n, tools, parsed.logprobs, reasoning=plan.reasoning
+    )
 
 
-def _completion(custom_id: str, body: Body, settings: Settings) -> BatchLine:
+def _completion(custom_id: str, body: Body, reading: Reading) -> BatchLine:
     parsed = _validated(CompletionRequest, body)
-    request = _settled(completion_request(parsed, BATCH_ORIGIN), settings)
+    prompts = completion_request(parsed, BATCH_ORIGIN)
+    if len(prompts) > 1:
+        message = f"prompt: a batch line takes one prompt (got {len(prompts)}); give each a line"
+        raise invalid(message, "prompt", "unsupported")
+    request = _settled(prompts[0], reading.settings)
     logprobs = parsed.logprobs is not None
     return BatchLine(custom_id, "completion", request, parsed.n, logprobs=logprobs)
 
 
-def _embedding(custom_id: str, body: Body, settings: Settings) -> BatchLine:
+def _embedding(custom_id: str, body: Body, reading: Reading) -> BatchLine:
     unknown = sorted(set(body) - EMBEDDING_KNOWN)
     if unknown:
         raise invalid(f"unsupported field(s) {', '.join(unknown)}", unknown[0], "unsupported")
@@ -188,10 +212,10 @@ def _embedding(custom_id: str, body: Body, settings: Settings) -> BatchLine:
         "dimensions": body.get("dimensions"),
         "metadata": body.get("metadata") or {},
     }
-    return BatchLine(custom_id, "embedding", validate_request(settings, fields))
+    return BatchLine(custom_id, "embedding", validate_request(reading.settings, fields))
 
 
-PARSERS: dict[Kind, Callable[[str, Body, Settings], BatchLine]] = {
+PARSERS: dict[Kind, Callable[[str, Body, Reading], BatchLine]] = {
     "chat": _chat,
     "completion": _completion,
     "embedding": _embedding,

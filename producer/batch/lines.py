@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import orjson
 
+from producer.openai.reasoning import ReasoningPlan
 from producer.openai.tools import ToolPlan
 from shared.errors import InvalidRequest
 from shared.models import GenerationRequest
@@ -43,7 +44,8 @@ class LineError:
 @dataclass(frozen=True)
 class BatchLine:
     """One input line: choice 0's request (the driver sends ``n``, seeds seed + i), the
-    tool plan its answer is rendered with, or, for a refused line, the error instead."""
+    tool and reasoning plans its answer is read with, or, for a refused line, the error
+    instead."""
 
     custom_id: str
     kind: Kind
@@ -52,6 +54,7 @@ class BatchLine:
     tools: ToolPlan | None = None
     logprobs: bool = False
     error: LineError | None = None
+    reasoning: ReasoningPlan | None = None
 
     def to_json(self) -> bytes:
         request = None if self.request is None else self.request.model_dump(mode="json")
@@ -63,6 +66,7 @@ class BatchLine:
             "tools": None if self.tools is None else self.tools.to_dict(),
             "logprobs": self.logprobs,
             "error": None if self.error is None else dataclasses.asdict(self.error),
+            "reasoning": None if self.reasoning is None else self.reasoning.to_dict(),
         }
         return orjson.dumps(line)
 
@@ -70,6 +74,7 @@ class BatchLine:
     def from_json(cls, data: bytes | str) -> BatchLine:
         raw: dict[str, Any] = orjson.loads(data)
         request, tools, error = raw.get("request"), raw.get("tools"), raw.get("error")
+        reasoning = raw.get("reasoning")
         return cls(
             raw["custom_id"],
             raw["kind"],
@@ -78,4 +83,5 @@ class BatchLine:
             None if tools is None else ToolPlan.from_dict(tools),
             bool(raw.get("logprobs")),
             None if error is None else LineError(**error),
+            None if reasoning is None else ReasoningPlan.from_dict(reasoning),
         )

@@ -16,11 +16,12 @@ def completion_body(
     line: BatchLine, results: Sequence[Result], streams: Sequence[Sequence[Entry]] | None
 ) -> dict[str, Any]:
     """One choice per result; ``streams`` (each request's events) carry the logprobs of a
-    line that asked for them, else the results' texts are the answer."""
+    line that asked for them and the token counts of reasoning, else the results' texts
+    are the answer."""
     kind: Kind = "chat" if line.kind == "chat" else "text"
     first = results[0]
     renderers = [
-        Renderer(kind, first.id, first.model, index=i, tools=line.tools)
+        Renderer(kind, first.id, first.model, index=i, tools=line.tools, reasoning=line.reasoning)
         for i in range(len(results))
     ]
     for i, (renderer, result) in enumerate(zip(renderers, results, strict=True)):

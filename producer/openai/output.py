@@ -1,41 +1,39 @@
 """tokenq stream events to OpenAI responses: streamed chunks and whole completions.
 
 Chunks are built as plain dicts on the hot path (one per token per stream); the
-pydantic models in ``schemas`` document them and the tests check they agree.
+pydantic models in ``responses`` document them and the tests check they agree. A chat
+reply is read by ``reply.ReplyReader``: reasoning, text and tool calls come apart, in
+chunks of their own while streaming.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
 from producer.gateway.entries import Entry
+from producer.openai.answers import DONE, sse_data, text_logprobs, total_usage
 from producer.openai.errors import ApiError, ErrorDetail, ErrorResponse
-from producer.openai.schemas import (
+from producer.openai.reasoning import ReasoningPlan
+from producer.openai.reply import Delta, ReplyReader
+from producer.openai.responses import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChoiceLogprobs,
     Completion,
     CompletionChoice,
-    CompletionLogprobs,
     CompletionUsage,
     TokenLogprob,
-    ToolCall,
     TopLogprob,
 )
-from producer.openai.tools import ToolPlan, parse_tool_calls
+from producer.openai.schemas import ToolCall
+from producer.openai.tools import ToolPlan
 from shared.models import FinalEvent, FinishReason, TokenEvent
 
-DONE = b"data: [DONE]\n\n"
 Kind = Literal["chat", "text"]
-
-
-def _data(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def token_logprobs(event: TokenEvent) -> list[TokenLogprob]:
@@ -83,7 +81,8 @@ def failure(final: FinalEvent) -> ApiError | None:
 @dataclass
 class Renderer:
     """Accumulates one choice's events and renders them the OpenAI way; ``index`` is the
-    choice's, ``tools`` says whether a chat reply may be tool calls."""
+    choice's, ``prompt_index`` its prompt's (a completions call may send several);
+    ``tools`` and ``reasoning`` say how to read a chat reply."""
 
     kind: Kind
     request_id: str
@@ -91,11 +90,17 @@ class Renderer:
     include_usage: bool = False
     index: int = 0
     tools: ToolPlan | None = None
+    reasoning: ReasoningPlan | None = None
+    prompt_index: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     text_parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     offset: int = 0
-    held: list[bytes] = field(default_factory=list)  # chunks held back while tools may come
+    # Each engine step's tokens and the text offset it ends at (to count reasoning tokens).
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    reader: ReplyReader | None = None  # the streamed reply's
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)  # of text still held
+    num_calls_sent: int = 0
 
     @property
     def id(self) -> str:
@@ -107,9 +112,29 @@ class Renderer:
 
     def add(self, entry: Entry) -> list[TokenLogprob]:
         self.text_parts.append(entry.text)
+        self._add_steps(entry.fields)
         entries = token_logprobs(entry.token()) if entry.fields.get("logprobs") else []
         self.logprobs.extend(entries)
         return entries
+
+    def _add_steps(self, fields: dict[str, Any]) -> None:
+        steps = fields.get("steps") or [(len(fields.get("token_ids") or ()), len(fields["text"]))]
+        end = self.steps[-1][1] if self.steps else 0
+        for num_tokens, num_chars in steps:
+            end += num_chars
+            self.steps.append((num_tokens, end))
+
+    def new_reader(self) -> ReplyReader:
+        return ReplyReader(self.tools, self.reasoning, f"{self.request_id}_{self.index}")
+
+    def reasoning_tokens(self, reader: ReplyReader | None = None) -> int | None:
+        """How many of the reply's tokens were reasoning (None without a reasoning model)."""
+        reader = reader or self.reader or self._read_whole()[0]
+        end = reader.reasoning_end()
+        if end is None:
+            return None
+        starts = [0] + [at for _, at in self.steps[:-1]]
+        return sum(n for (n, _), start in zip(self.steps, starts, strict=True) if start < end)
 
     def render(self, batch: list[Entry]) -> tuple[bytes, FinalEvent | None]:
         """The SSE bytes for a batch of entries, and its final event if it has one."""
@@ -132,55 +157,59 @@ class Renderer:
         offset, text = self.offset, entry.text
         self.offset += len(text)
         entries = self.add(entry)
-        logprobs = self._logprobs(entries, offset) if entries else None
-        payload = {"content": text} if self.kind == "chat" else text
-        chunk = self._chunk(payload, logprobs, None)
-        if self._holding():
-            self.held.append(chunk)
-            return b""
-        released, self.held = b"".join(self.held), []
-        return released + chunk
+        if self.kind == "text":
+            logprobs = text_logprobs(entries, [offset] * len(entries)) if entries else None
+            dumped = None if logprobs is None else logprobs.model_dump(mode="json")
+            return self._chunk(text, dumped, None)
+        if self.reader is None:
+            self.reader = self.new_reader()
+        self.unsent_logprobs.extend(entries)
+        return self._delta_chunks(self.reader.feed(text))
 
     def final_chunks(self, final: FinalEvent) -> bytes:
-        """The choice's last chunks (tool calls, finish reason, an error); the stream's
-        end (usage, [DONE]) is :func:`stream_end`'s, once every choice has ended."""
-        calls = self.tool_calls()
-        out = b"".join(self.held) if calls is None else self._tool_call_chunk(calls)
-        self.held = []
+        """The choice's last chunks (what was held, the finish reason, an error); the
+        stream's end (usage, [DONE]) is :func:`stream_end`'s, once every choice has ended."""
+        out = b""
+        if self.kind == "chat":
+            self.reader = self.reader or self.new_reader()
+            out = self._delta_chunks(self.reader.finish(final.finish_reason is FinishReason.LENGTH))
         payload = {} if self.kind == "chat" else ""
-        out += self._chunk(payload, None, self.finish_reason(final, calls))
+        out += self._chunk(payload, None, self.finish_reason(final, self.num_calls_sent))
         error = failure(final)
         if error is not None:
-            out += _data(ErrorResponse(error=error.detail).model_dump(mode="json"))
+            out += sse_data(ErrorResponse(error=error.detail).model_dump(mode="json"))
         return out
 
     def error_chunk(self, detail: ErrorDetail) -> bytes:
-        return _data(ErrorResponse(error=detail).model_dump(mode="json")) + DONE
+        return sse_data(ErrorResponse(error=detail).model_dump(mode="json")) + DONE
 
-    def _holding(self) -> bool:
-        """Tool-call replies are held until they end: required and named ones always, an
-        auto one while it may still be a JSON object."""
-        if self.tools is None or not self.tools.active:
-            return False
-        if self.tools.mode != "auto":
-            return True
-        stripped = self.text.lstrip()
-        return not stripped or stripped.startswith("{")
+    def _delta_chunks(self, delta: Delta) -> bytes:
+        out = b""
+        if delta.reasoning:
+            reasoning = {"reasoning_content": delta.reasoning, "reasoning": delta.reasoning}
+            out += self._chunk(reasoning, self._take_logprobs(), None)
+        if delta.content:
+            out += self._chunk({"content": delta.content}, self._take_logprobs(), None)
+        if delta.calls:
+            first, self.num_calls_sent = self.num_calls_sent, self.num_calls_sent + len(delta.calls)
+            calls = [{"index": first + i, **call} for i, call in enumerate(delta.calls)]
+            out += self._chunk({"tool_calls": calls}, None, None)
+            self.unsent_logprobs = []  # calls carry no logprobs, as OpenAI's do not
+        return out
 
-    def tool_calls(self) -> list[dict[str, Any]] | None:
-        if self.tools is None:
+    def _take_logprobs(self) -> dict[str, Any] | None:
+        if not self.unsent_logprobs:
             return None
-        return parse_tool_calls(self.text, self.tools, f"{self.request_id}_{self.index}")
+        entries, self.unsent_logprobs = self.unsent_logprobs, []
+        return ChoiceLogprobs(content=entries).model_dump(mode="json")
 
-    def finish_reason(self, final: FinalEvent, calls: list[dict[str, Any]] | None) -> str:
-        """OpenAI gives tool_calls when the model chose to call (not for a named choice)."""
-        if calls and self.tools is not None and self.tools.mode != "named":
+    def finish_reason(self, final: FinalEvent, num_calls: int) -> str:
+        """OpenAI gives tool_calls when the model chose to call and ended (not for a named
+        choice); a reply cut short keeps ``length``."""
+        named = self.tools is not None and self.tools.mode == "named"
+        if num_calls and not named and final.finish_reason is FinishReason.STOP:
             return "tool_calls"
         return final.finish_reason.value
-
-    def _tool_call_chunk(self, calls: list[dict[str, Any]]) -> bytes:
-        deltas = [{"index": i, **call} for i, call in enumerate(calls)]
-        return self._chunk({"tool_calls": deltas}, None, None)
 
     def head(self) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -190,28 +219,28 @@ class Renderer:
         choice = {"index": self.index, "logprobs": logprobs, "finish_reason": finish}
         choice["delta" if self.kind == "chat" else "text"] = payload
         extra = {"usage": None} if self.include_usage else {}
-        return _data({**self.head(), "choices": [choice], **extra})
-
-    def _logprobs(self, entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
-        if self.kind == "chat":
-            return ChoiceLogprobs(content=entries).model_dump(mode="json")
-        return _text_logprobs(entries, [offset] * len(entries)).model_dump(mode="json")
+        return sse_data({**self.head(), "choices": [choice], **extra})
 
     # Whole responses.
+    def _read_whole(self, cut_off: bool = False) -> tuple[ReplyReader, Delta]:
+        reader = self.new_reader()
+        delta = reader.feed(self.text)
+        delta += reader.finish(cut_off)
+        return reader, delta
+
     def chat_choice(self, final: FinalEvent, want_logprobs: bool) -> ChatChoice:
-        calls = self.tool_calls()
-        message = (
-            AssistantMessage(content=self.text)
-            if calls is None
-            else AssistantMessage(
-                content=None, tool_calls=[ToolCall.model_validate(c) for c in calls]
-            )
+        _, delta = self._read_whole(final.finish_reason is FinishReason.LENGTH)
+        calls = [ToolCall.model_validate(c) for c in delta.calls] or None
+        content = delta.content if calls is None or delta.content.strip() else None
+        reasoning = delta.reasoning if self.reasoning is not None and delta.reasoning else None
+        message = AssistantMessage(
+            content=content, reasoning_content=reasoning, reasoning=reasoning, tool_calls=calls
         )
         return ChatChoice(
             index=self.index,
             message=message,
             logprobs=ChoiceLogprobs(content=self.logprobs) if want_logprobs else None,
-            finish_reason=self.finish_reason(final, calls),
+            finish_reason=self.finish_reason(final, len(delta.calls)),
         )
 
     def completion_choice(self, final: FinalEvent, want_logprobs: bool) -> CompletionChoice:
@@ -222,34 +251,23 @@ class Renderer:
         return CompletionChoice(
             index=self.index,
             text=self.text,
-            logprobs=_text_logprobs(self.logprobs, offsets) if want_logprobs else None,
+            logprobs=text_logprobs(self.logprobs, offsets) if want_logprobs else None,
             finish_reason=final.finish_reason.value,
         )
 
-    def chat_completion(self, final: FinalEvent, want_logprobs: bool) -> ChatCompletion:
-        return chat_completion([self], [final], want_logprobs)
 
-    def completion(self, final: FinalEvent, want_logprobs: bool) -> Completion:
-        return completion([self], [final], want_logprobs)
-
-
-def total_usage(finals: list[FinalEvent]) -> CompletionUsage:
-    """n choices of one prompt: the prompt counted once, the completions summed."""
-    prompt = finals[0].usage.prompt_tokens if finals else 0
-    completion_tokens = sum(f.usage.completion_tokens for f in finals)
-    return CompletionUsage(
-        prompt_tokens=prompt,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt + completion_tokens,
-    )
+def usage_of(renderers: Sequence[Renderer], finals: Sequence[FinalEvent]) -> CompletionUsage:
+    reasoning = [r.reasoning_tokens() if r.kind == "chat" else None for r in renderers]
+    return total_usage(finals, [r.prompt_index for r in renderers], reasoning)
 
 
-def stream_end(renderer: Renderer, finals: list[FinalEvent]) -> bytes:
+def stream_end(renderers: Sequence[Renderer], finals: Sequence[FinalEvent]) -> bytes:
     """After every choice's final chunks: the usage chunk (when asked for), then [DONE]."""
-    if not renderer.include_usage:
+    first = renderers[0]
+    if not first.include_usage:
         return DONE
-    usage = total_usage(finals).model_dump()
-    return _data({**renderer.head(), "choices": [], "usage": usage}) + DONE
+    usage = usage_of(renderers, finals).model_dump(mode="json")
+    return sse_data({**first.head(), "choices": [], "usage": usage}) + DONE
 
 
 def chat_completion(
@@ -261,7 +279,7 @@ def chat_completion(
         created=first.created,
         model=first.model,
         choices=[r.chat_choice(f, want_logprobs) for r, f in zip(renderers, finals, strict=True)],
-        usage=total_usage(finals),
+        usage=usage_of(renderers, finals),
     )
 
 
@@ -277,16 +295,5 @@ def completion(
         created=first.created,
         model=first.model,
         choices=choices,
-        usage=total_usage(finals),
-    )
-
-
-def _text_logprobs(entries: list[TokenLogprob], offsets: list[int]) -> CompletionLogprobs:
-    # Offsets are per event; when an event holds several tokens they share its offset.
-    offsets = (offsets + [offsets[-1] if offsets else 0] * len(entries))[: len(entries)]
-    return CompletionLogprobs(
-        tokens=[e.token for e in entries],
-        token_logprobs=[e.logprob for e in entries],
-        top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
-        text_offset=offsets,
+        usage=usage_of(renderers, finals),
     )

@@ -39,7 +39,7 @@ def test_the_python_client_takes_guided_and_penalty_fields() -> None:
         ({"presence_penalty": -2.1}, "sampling.presence_penalty"),
         ({"frequency_penalty": 9}, "sampling.frequency_penalty"),
         ({"logit_bias": {"3": -101}}, "sampling.logit_bias.3"),
-        ({"guided_regex": "a", "guided_json": {}}, "at most one of guided_json and guided_regex"),
+        ({"guided_regex": "a", "guided_json": {}}, "not guided_json and guided_regex"),
         ({"guided_json": {"properties": {"x": {"uniqueItems": True}}}}, "'uniqueItems'"),
     ],
 )

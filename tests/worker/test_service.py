@@ -137,7 +137,7 @@ def test_a_chat_template_error_ends_that_request_and_the_worker_keeps_serving(
 ) -> None:
     client, service, engine = setup
 
-    def encode_chat(messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(messages: list[dict[str, Any]], *_: object) -> list[int]:
         if messages[0]["content"] == "bad":
             raise TemplateError("Conversation roles must alternate user/assistant")
         return [1, 2]

@@ -141,7 +141,7 @@ def test_a_tools_line_keeps_its_plan_and_is_constrained_to_the_named_function() 
     plan = line.tools
     assert plan is not None and (plan.mode, plan.named) == ("named", "add")
     request = request_of(line)
-    assert request.sampling.guided_json == plan.schema()
+    assert {"guided_json": request.sampling.guided_json} == plan.guide()
     messages = request.messages
     assert messages is not None and messages[0].role == "system"
     assert "You must call the tool add now." in messages[0].content
@@ -165,7 +165,7 @@ def test_structured_output_penalties_and_bias_ride_on_batch_lines() -> None:
     }
     (line,) = parse_jsonl(json.dumps({"custom_id": "a", "body": body}), SETTINGS)
     s = request_of(line).sampling
-    assert s.guided_json == schema
+    assert s.guided_json == {**schema, "additionalProperties": False}
     assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, 1.0, {42: -100.0})
     assert BatchLine.from_json(line.to_json()) == line
 

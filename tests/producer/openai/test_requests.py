@@ -55,14 +55,16 @@ def test_developer_role_and_text_parts_become_plain_messages() -> None:
 
 def test_a_one_item_prompt_list_is_a_prompt() -> None:
     body = CompletionRequest.model_validate({"model": "m", "prompt": ["go"], "logprobs": 2})
-    req = completion_request(body, CALLER)
+    (req,) = completion_request(body, CALLER)
     assert (req.prompt, req.sampling.logprobs) == ("go", 2)
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[1, 2], [-1]]}, "prompt_token_ids"),
+        ({"prompt": ["a"] * 17, "n": 16}, "prompt"),
         ({"prompt": "a", "echo": True}, "echo"),
         ({"prompt": "a", "best_of": 2}, "best_of"),
         ({"prompt": " "}, "prompt"),
@@ -96,7 +98,9 @@ def test_response_formats_become_guided_json() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     as_schema = _chat(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
     as_object = _chat(response_format={"type": "json_object"})
-    assert chat_request(as_schema, CALLER).requests[0].sampling.guided_json == schema
+    # Closed where it is silent, as vLLM reads a schema: no properties beyond "a".
+    closed = {**schema, "additionalProperties": False}
+    assert chat_request(as_schema, CALLER).requests[0].sampling.guided_json == closed
     assert chat_request(as_object, CALLER).requests[0].sampling.guided_json == {"type": "object"}
 
 
