@@ -31,6 +31,7 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required", 
 # Keywords whose values map names (which may be anything, "not" included) to schemas.
 _NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 MAX_SCHEMA_DEPTH = 64
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class UnsupportedSchema(ValueError):
@@ -76,7 +77,8 @@ _SUBSCHEMAS = ("prefixItems", "anyOf", "oneOf")
 def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` as OpenAI's strict mode reads it: every object takes exactly its declared
     properties, all of them required (``additionalProperties: false``), at every depth
-    (properties, items, anyOf, $defs...). A copy; ``schema`` is left as it is."""
+    (properties, items, anyOf, $defs...); integers without bounds are 64-bit. A copy;
+    ``schema`` is left as it is."""
     closed: dict[str, Any] = _closed(schema, require_all=True)
     return closed
 
@@ -84,7 +86,8 @@ def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
 def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with no properties beyond those it declares where it does not say
     (``additionalProperties`` left out), as vLLM's default reads a schema; what it
-    requires, and an object that declares no properties, stay as written. A copy."""
+    requires, and an object that declares no properties, stay as written; integers
+    without bounds are 64-bit. A copy."""
     closed: dict[str, Any] = _closed(schema, require_all=False)
     return closed
 
@@ -105,7 +108,20 @@ def _closed(node: Any, require_all: bool) -> Any:
         out["additionalProperties"] = _closed(node["additionalProperties"], require_all)
     if isinstance(node.get("properties"), dict):
         _close_object(out, require_all)
+    kind = node.get("type")
+    if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
+        _bound_integer(out)
     return out
+
+
+def _bound_integer(out: dict[str, Any]) -> None:
+    """An integer held to 64 bits where the schema sets no bound, as JSON readers hold
+    integers: a model looping on a digit then has to stop instead of running to its
+    max_tokens."""
+    if "minimum" not in out and "exclusiveMinimum" not in out:
+        out["minimum"] = INT64_MIN
+    if "maximum" not in out and "exclusiveMaximum" not in out:
+        out["maximum"] = INT64_MAX
 
 
 def _close_object(out: dict[str, Any], require_all: bool) -> None:

@@ -58,6 +58,8 @@ class CallReader:
         if self.start is None:
             return self._content(len(self.text))
         delta = self._content(self.start)
+        if not delta.content.strip():
+            delta.content = ""  # the whitespace before calls is no answer
         if any(end in text for end in _CALL_ENDS):
             delta.calls = self._new_calls(final=False)
         return delta

@@ -18,6 +18,8 @@ import redis
 from shared.settings import DEFAULT_MODEL
 from tests.producer.gateway.process import gateway_process
 
+WORKER_ARGS = ("--kv-cache-mib", "64")  # little memory: other tests run beside it
+
 
 @contextmanager
 def openai_stack(redis_url: str, log_dir: Path, **gateway_env: str) -> Iterator[openai.OpenAI]:
@@ -25,7 +27,7 @@ def openai_stack(redis_url: str, log_dir: Path, **gateway_env: str) -> Iterator[
     environment) and worker (the worker's log in ``log_dir``); both are stopped after."""
     redis.Redis.from_url(redis_url).flushall()
     log_path = log_dir / "worker.log"
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL]
+    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL, *WORKER_ARGS]
     with log_path.open("wb") as log, gateway_process(redis_url, **gateway_env) as url:
         worker = subprocess.Popen([*cmd, "--redis", redis_url], stdout=log, stderr=log)
         try:

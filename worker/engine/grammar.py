@@ -115,7 +115,8 @@ class Grammars:
         compiler = self._compiler  # only the pool's one thread builds it
         try:
             if params.guided_json is not None:
-                schema = orjson.dumps(params.guided_json, option=orjson.OPT_SORT_KEYS).decode()
+                # Unsorted: xgrammar writes properties in the order the schema declares.
+                schema = orjson.dumps(params.guided_json).decode()
                 return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=False)
             if params.guided_structural_tag is not None:
                 return compiler.compile_structural_tag(
@@ -197,14 +198,11 @@ def _ended(req: EngineRequest, reason: FinishReason, error: str | None = None) -
 def _source(params: SamplingParams) -> str:
     """The cache key of ``params``' grammar."""
     if params.guided_json is not None:
-        return "json:" + orjson.dumps(params.guided_json, option=orjson.OPT_SORT_KEYS).decode()
+        return "json:" + orjson.dumps(params.guided_json).decode()
     if params.guided_regex is not None:
         return "regex:" + params.guided_regex
     if params.guided_structural_tag is not None:
-        return (
-            "tag:"
-            + orjson.dumps(params.guided_structural_tag, option=orjson.OPT_SORT_KEYS).decode()
-        )
+        return "tag:" + orjson.dumps(params.guided_structural_tag).decode()
     raise GrammarError("the request has no guided_json, guided_regex or guided_structural_tag")
 
 

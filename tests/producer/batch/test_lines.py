@@ -165,7 +165,8 @@ def test_structured_output_penalties_and_bias_ride_on_batch_lines() -> None:
     }
     (line,) = parse_jsonl(json.dumps({"custom_id": "a", "body": body}), SETTINGS)
     s = request_of(line).sampling
-    assert s.guided_json == {**schema, "additionalProperties": False}
+    a = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+    assert s.guided_json == {**schema, "properties": {"a": a}, "additionalProperties": False}
     assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, 1.0, {42: -100.0})
     assert BatchLine.from_json(line.to_json()) == line
 

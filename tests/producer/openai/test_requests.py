@@ -95,11 +95,13 @@ def test_n_fans_out_into_requests_with_seed_plus_i() -> None:
 
 
 def test_response_formats_become_guided_json() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}
     as_schema = _chat(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
     as_object = _chat(response_format={"type": "json_object"})
-    # Closed where it is silent, as vLLM reads a schema: no properties beyond "a".
-    closed = {**schema, "additionalProperties": False}
+    # Closed where it is silent, as vLLM reads a schema: no properties beyond "a", and
+    # no integer beyond 64 bits.
+    a = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+    closed = {"type": "object", "properties": {"a": a}, "additionalProperties": False}
     assert chat_request(as_schema, CALLER).requests[0].sampling.guided_json == closed
     assert chat_request(as_object, CALLER).requests[0].sampling.guided_json == {"type": "object"}
 
