@@ -9,17 +9,20 @@ writing, never sending it as text.
 
 from __future__ import annotations
 
+import hashlib
+import string
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from producer.openai.reasoning import ReasoningPlan, ReasoningSplitter
-from producer.openai.tool_formats import locate, parse_calls
+from producer.openai.tool_formats import Format, locate, parse_calls
 from producer.openai.tools import ToolPlan
 
 # Text that may complete a call; other deltas need no new look for calls.
 _CALL_ENDS = ("}", ">", "]")
+_ALNUM = string.ascii_letters + string.digits
 
 
 @dataclass
@@ -33,6 +36,15 @@ class Delta:
         self.content += other.content
         self.calls.extend(other.calls)
         return self
+
+
+def call_id(fmt: Format, key: str) -> str:
+    """A call's id, the same for the same request, choice and call: ``call_<key>``, or
+    for Mistral, whose template takes back only 9 letters and digits, 9 of them."""
+    if fmt != "mistral":
+        return f"call_{key}"
+    digest = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest())
+    return "".join(_ALNUM[(digest >> (6 * i)) % len(_ALNUM)] for i in range(9))
 
 
 class CallReader:
@@ -89,7 +101,7 @@ class CallReader:
     def _numbered(self, call: dict[str, Any], index: int) -> dict[str, Any]:
         arguments = orjson.dumps(call["arguments"]).decode()
         return {
-            "id": f"call_{self.prefix}_{index}",
+            "id": call_id(self.plan.format, f"{self.prefix}_{index}"),
             "type": "function",
             "function": {"name": call["name"], "arguments": arguments},
         }

@@ -88,7 +88,11 @@ def test_each_format_yields_its_calls_whole_and_streamed(
     total, _ = _read(text, _plan(fmt), None, size)
     assert _calls(total) == calls
     assert total.content == (content or "")
-    assert [c["id"] for c in total.calls] == [f"call_r_0_{i}" for i in range(len(calls))]
+    ids = [c["id"] for c in total.calls]
+    if fmt == "mistral":  # its template takes back 9 letters and digits only
+        assert all(len(i) == 9 and i.isalnum() for i in ids) and len(set(ids)) == len(ids)
+    else:
+        assert ids == [f"call_r_0_{i}" for i in range(len(calls))]
 
 
 @pytest.mark.parametrize("size", [0, 1, 5])
