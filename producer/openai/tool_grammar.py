@@ -72,7 +72,9 @@ _CALLS = {"hermes": _hermes, "llama3_json": _llama3, "mistral": _mistral}
 
 
 def _tag(begin: str, parameters: dict[str, Any], end: str) -> Node:
-    content = {"type": "json_schema", "json_schema": parameters}
+    # One whitespace character at most between JSON tokens: free whitespace lets a
+    # model pad its arguments until max_tokens (tokenq's guided_json allows none).
+    content = {"type": "json_schema", "json_schema": parameters, "max_whitespace_cnt": 1}
     return {"type": "tag", "begin": begin, "content": content, "end": end}
 
 
