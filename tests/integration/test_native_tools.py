@@ -57,7 +57,8 @@ def build_tiny_qwen3(path: Path) -> Path:
         bos_token_id=tokenizer.bos_token_id,
     )
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(str(path))
+    model: Any = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    model.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 import openai
@@ -39,12 +39,12 @@ def client(
 
 
 def chat_model(client: openai.OpenAI, **fields: Any) -> ChatOpenAI:
-    return ChatOpenAI(base_url=str(client.base_url), api_key="none", model=DEFAULT_MODEL, **fields)  # type: ignore[call-arg]
+    return ChatOpenAI(base_url=str(client.base_url), api_key="none", model=DEFAULT_MODEL, **fields)
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_with_structured_output_returns_the_parsed_object(
-    client: openai.OpenAI, method: str
+    client: openai.OpenAI, method: Literal["json_schema", "function_calling"]
 ) -> None:
     llm = chat_model(client, temperature=0, max_tokens=200)
     structured = llm.with_structured_output(City, method=method, include_raw=True)
@@ -94,7 +94,10 @@ def test_bind_tools_required_returns_calls_that_fit_the_schema(client: openai.Op
         "What is 2 plus 3?"
     )
     assert message.tool_calls, message
-    schemas = {"add": {"a": int, "b": int}, "get_weather": {"city": str, "unit": str}}
+    schemas: dict[str, dict[str, type]] = {
+        "add": {"a": int, "b": int},
+        "get_weather": {"city": str, "unit": str},
+    }
     for call in message.tool_calls:
         fields = schemas[call["name"]]
         assert set(call["args"]) == set(fields)

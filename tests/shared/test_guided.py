@@ -35,7 +35,12 @@ def test_strict_requires_every_property_and_no_other_at_every_depth() -> None:
     assert (address["required"], address["additionalProperties"]) == (["street", "zip"], False)
     pet = strict["properties"]["pet"]["anyOf"][1]
     assert (pet["required"], pet["additionalProperties"]) == (["kind"], False)
-    whole = {"name": "a", "home": {"street": "s", "zip": "z"}, "past": [], "pet": None}
+    whole: dict[str, Any] = {
+        "name": "a",
+        "home": {"street": "s", "zip": "z"},
+        "past": [],
+        "pet": None,
+    }
     jsonschema.validate(whole, strict)
     extra = {**whole, "age": 3}
     assert not jsonschema.Draft202012Validator(strict).is_valid(extra)

@@ -59,13 +59,11 @@ def _smollm2_template(source: str) -> str:
 
 def _prompt(tokenizer: Any, **fields: Any) -> str:
     request = GenerationRequest.model_validate({"model": "m", **fields})
-    encoder = SimpleNamespace(
-        tokenizer=tokenizer,
-        vocab_size=len(tokenizer),
-        encode_prompt=lambda text: tokenizer.encode(text),
-        encode_chat=lambda *args: Engine.encode_chat(encoder, *args),  # type: ignore[arg-type]
-    )
-    text: str = tokenizer.decode(prompt_token_ids(encoder, request))  # type: ignore[arg-type]
+    # Engine.encode_chat's own body, over a tokenizer alone (no model to load).
+    encoder: Any = SimpleNamespace(tokenizer=tokenizer, vocab_size=len(tokenizer))
+    encoder.encode_prompt = tokenizer.encode
+    encoder.encode_chat = lambda *args: Engine.encode_chat(encoder, *args)
+    text: str = tokenizer.decode(prompt_token_ids(encoder, request))
     return text
 
 
