@@ -7,10 +7,6 @@ the model's own format with the grammar, and reads calls and reasoning back."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +14,10 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-import redis
 
 from producer.embedded import EmbeddedRedis
+from tests.integration.openai_stack import openai_stack
 from tests.integration.openai_tools import PARAMETERS, TOOLS
-from tests.producer.gateway.process import gateway_process
 from tests.worker.templated import QWEN3_TOKENS, template, templated_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -68,29 +63,9 @@ def client(
     redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[openai.OpenAI]:
     model_dir = build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    redis.Redis.from_url(redis_server.url).flushall()
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", str(model_dir)]
-    cmd += ["--served-model-name", MODEL, "--kv-cache-mib", "32", "--redis", redis_server.url]
-    with log_path.open("wb") as log, gateway_process(redis_server.url) as url:
-        worker = subprocess.Popen(cmd, stdout=log, stderr=log)
-        try:
-            with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as c:
-                _wait_for(c, worker, log_path)
-                yield c
-        finally:
-            worker.send_signal(signal.SIGKILL)
-            worker.wait(timeout=30)
-
-
-def _wait_for(c: openai.OpenAI, worker: subprocess.Popen[bytes], log: Path) -> None:
-    for _ in range(900):
-        if worker.poll() is not None:
-            pytest.fail(f"the worker exited: {log.read_text()[-3000:]}")
-        if MODEL in [m.id for m in c.models.list()]:
-            return
-        time.sleep(0.2)
-    pytest.fail("the worker did not register in 180s")
+    log_dir = tmp_path_factory.mktemp("worker")
+    with openai_stack(redis_server.url, log_dir, str(model_dir), MODEL) as c:
+        yield c
 
 
 def chat(c: openai.OpenAI, **fields: Any) -> Any:

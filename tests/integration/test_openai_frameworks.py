@@ -5,7 +5,6 @@ token-id prompts, against a gateway process and a worker on the default model.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import jsonschema
@@ -14,9 +13,7 @@ import pydantic
 import pytest
 from langchain_openai import ChatOpenAI
 
-from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL
-from tests.integration.openai_stack import openai_stack
 from tests.integration.openai_tools import ADD, TOOLS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -31,11 +28,8 @@ class City(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def client(
-    redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
-    with openai_stack(redis_server.url, tmp_path_factory.mktemp("worker")) as c:
-        yield c
+def client(openai_client: openai.OpenAI) -> openai.OpenAI:
+    return openai_client
 
 
 def chat_model(client: openai.OpenAI, **fields: Any) -> ChatOpenAI:
