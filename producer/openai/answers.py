@@ -1,5 +1,5 @@
 """The parts of OpenAI answers that do not depend on one choice: SSE frames, usage, and
-completions' logprobs."""
+logprobs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from producer.openai.responses import (
     CompletionTokensDetails,
     CompletionUsage,
     TokenLogprob,
+    TopLogprob,
 )
-from shared.models import FinalEvent
+from shared.models import FinalEvent, TokenEvent
 
 DONE = b"data: [DONE]\n\n"
 
@@ -56,3 +57,29 @@ def text_logprobs(entries: list[TokenLogprob], offsets: list[int]) -> Completion
         top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
         text_offset=offsets,
     )
+
+
+def token_logprobs(event: TokenEvent) -> list[TokenLogprob]:
+    """The event's per-token logprobs, step by step when it is a coalesced one."""
+    return [logprob for step in event.split() for logprob in _step_logprobs(step)]
+
+
+def _step_logprobs(event: TokenEvent) -> list[TokenLogprob]:
+    """A step's per-token logprobs; a token's text is known alone only when the step
+    produced one token, else it reads ``token_id:<id>`` (as vLLM's option does)."""
+    single = len(event.token_ids) == 1
+
+    def name(token_id: int) -> str:
+        return event.text if single and token_id == event.token_ids[0] else f"token_id:{token_id}"
+
+    return [
+        TokenLogprob(
+            token=name(int(e["token_id"])),
+            logprob=float(e["logprob"]),
+            top_logprobs=[
+                TopLogprob(token=name(int(t["token_id"])), logprob=t["logprob"])
+                for t in e.get("top", ())
+            ],
+        )
+        for e in event.logprobs or ()
+    ]

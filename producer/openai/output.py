@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from producer.gateway.entries import Entry
-from producer.openai.answers import DONE, sse_data, text_logprobs, total_usage
+from producer.openai.answers import DONE, sse_data, text_logprobs, token_logprobs, total_usage
 from producer.openai.errors import ApiError, ErrorDetail, ErrorResponse
 from producer.openai.reasoning import ReasoningPlan
 from producer.openai.reply import Delta, ReplyReader
@@ -27,39 +27,12 @@ from producer.openai.responses import (
     CompletionChoice,
     CompletionUsage,
     TokenLogprob,
-    TopLogprob,
 )
 from producer.openai.schemas import ToolCall
 from producer.openai.tools import ToolPlan
-from shared.models import FinalEvent, FinishReason, TokenEvent
+from shared.models import FinalEvent, FinishReason
 
 Kind = Literal["chat", "text"]
-
-
-def token_logprobs(event: TokenEvent) -> list[TokenLogprob]:
-    """The event's per-token logprobs, step by step when it is a coalesced one."""
-    return [logprob for step in event.split() for logprob in _step_logprobs(step)]
-
-
-def _step_logprobs(event: TokenEvent) -> list[TokenLogprob]:
-    """A step's per-token logprobs; a token's text is known alone only when the step
-    produced one token, else it reads ``token_id:<id>`` (as vLLM's option does)."""
-    single = len(event.token_ids) == 1
-
-    def name(token_id: int) -> str:
-        return event.text if single and token_id == event.token_ids[0] else f"token_id:{token_id}"
-
-    return [
-        TokenLogprob(
-            token=name(int(e["token_id"])),
-            logprob=float(e["logprob"]),
-            top_logprobs=[
-                TopLogprob(token=name(int(t["token_id"])), logprob=t["logprob"])
-                for t in e.get("top", ())
-            ],
-        )
-        for e in event.logprobs or ()
-    ]
 
 
 def failure(final: FinalEvent) -> ApiError | None:
@@ -173,6 +146,8 @@ class Renderer:
         if self.kind == "chat":
             self.reader = self.reader or self.new_reader()
             out = self._delta_chunks(self.reader.finish(final.finish_reason is FinishReason.LENGTH))
+            if self.unsent_logprobs:  # of tokens with no text of their own (EOS...)
+                out += self._chunk({"content": ""}, self._take_logprobs(), None)
         payload = {} if self.kind == "chat" else ""
         out += self._chunk(payload, None, self.finish_reason(final, self.num_calls_sent))
         error = failure(final)

@@ -19,7 +19,10 @@ FINAL = FinalEvent(
 def _token(i: int, logprobs: bool = False, text: str | None = None) -> Entry:
     lp = ({"token_id": i, "logprob": -0.1, "top": [{"token_id": 9, "logprob": -2.0}]},)
     event = TokenEvent(
-        index=i, token_ids=(i,), text=text or f"w{i}", logprobs=lp if logprobs else None
+        index=i,
+        token_ids=(i,),
+        text=f"w{i}" if text is None else text,
+        logprobs=lp if logprobs else None,
     )
     return parse_entry(f"{i}-0", {"e": dumps(event)})
 
@@ -126,3 +129,11 @@ def test_n_choices_make_one_completion_with_indexes_and_summed_usage() -> None:
     assert first.finish_reason == "stop"  # as OpenAI answers a named tool_choice
     assert second.message.content == "not a call" and second.message.tool_calls is None
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (5, 4)
+
+
+def test_logprobs_of_tokens_with_no_text_still_come_in_the_stream() -> None:
+    r = Renderer("chat", "abc", "m")
+    frames = r.token_chunk(_token(0, True, text="")) + r.final_chunks(STOP)
+    chunks = [ChatCompletionChunk.model_validate_json(p) for p in _payloads(frames)]
+    sent = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert len(sent) == 1 and sent[0].content is not None and len(sent[0].content) == 1
