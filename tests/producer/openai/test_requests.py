@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from producer.openai.errors import ApiError
+from producer.openai.reasoning import ReasoningPlan
 from producer.openai.requests import Origin, chat_request, completion_request
 from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
+from shared.chat import ChatFeatures
 
 CALLER = Origin("acme", 50)
 
@@ -146,3 +148,62 @@ def test_conflicting_or_unknown_tool_choices_are_named(
     with pytest.raises(ApiError) as caught:
         chat_request(_chat(tools=[WEATHER], **fields), CALLER)
     assert caught.value.detail.param == param
+
+
+QWEN3 = ChatFeatures(tool_format="hermes", think=("<think>", "</think>"))
+
+
+def test_a_model_whose_template_takes_tools_gets_them_and_its_calls_forced() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    body = _chat(
+        tools=[WEATHER],
+        tool_choice="required",
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ],
+    )
+    plan = chat_request(body, CALLER, QWEN3)
+    request = plan.requests[0]
+    assert request.tools is not None and [t.name for t in request.tools] == ["weather"]
+    messages = request.messages or ()
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]  # no fallback prompt
+    assert messages[1].tool_calls is not None and messages[1].tool_calls[0].arguments == {}
+    assert messages[2].tool_call_id == "c1"
+    tag = request.sampling.guided_structural_tag
+    assert tag is not None and request.sampling.guided_json is None
+    # The model may think first (an optional think block), then calls in its format.
+    thinking, calls = tag["format"]["elements"]
+    assert thinking["type"] == "optional"
+    assert calls["tags"][0]["begin"] == '<tool_call>\n{"name": "weather", "arguments": '
+    assert plan.reasoning == ReasoningPlan("<think>", "</think>")
+
+
+def test_thinking_turned_off_reads_no_reasoning_and_forces_calls_at_once() -> None:
+    kwargs = {"enable_thinking": False}
+    body = _chat(tools=[WEATHER], tool_choice="required", chat_template_kwargs=kwargs)
+    plan = chat_request(body, CALLER, QWEN3)
+    assert plan.reasoning is None
+    assert plan.requests[0].chat_template_kwargs == kwargs
+    tag = plan.requests[0].sampling.guided_structural_tag
+    assert tag is not None and tag["format"]["type"] == "tags_with_separator"
+    effort = chat_request(_chat(reasoning_effort="low"), CALLER, QWEN3).requests[0]
+    assert effort.chat_template_kwargs == {"reasoning_effort": "low"}
+
+
+def test_a_strict_schema_takes_every_property_and_no_other() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {}}}
+    strict = {"type": "json_schema", "json_schema": {"schema": schema, "strict": True}}
+    guided = chat_request(_chat(response_format=strict), CALLER).requests[0].sampling.guided_json
+    assert guided == {**schema, "required": ["a", "b"], "additionalProperties": False}
+
+
+def test_completions_take_token_ids_and_lists_of_prompts() -> None:
+    def prompts(prompt: object) -> list[object]:
+        body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+        return [r.prompt or r.prompt_token_ids for r in completion_request(body, CALLER)]
+
+    assert prompts([1, 2]) == [(1, 2)]
+    assert prompts([[1, 2], [3]]) == [(1, 2), (3,)]
+    assert prompts(["a", "b"]) == ["a", "b"]
