@@ -22,7 +22,7 @@ from producer.openai.schemas import (
     NamedToolChoice,
     ResponseFormat,
 )
-from producer.openai.tool_grammar import Think
+from producer.openai.tool_grammar import Think, json_after_thinking
 from producer.openai.tools import (
     ToolError,
     ToolPlan,
@@ -78,7 +78,7 @@ def chat_request(
     reasoning = reasoning_plan(features, kwargs)
     tools = _tool_plan(body, features)
     think = None if reasoning is None else Think(reasoning.start, reasoning.end, reasoning.opened)
-    _add_guide(sampling, _response_schema(body.response_format), tools.guide(think))
+    _add_guide(sampling, _response_schema(body.response_format), tools.guide(think), think)
     messages = [to_prompt_message(m, tools.native) for m in body.messages]
     inputs = {
         "messages": with_tool_prompt(messages, tools),
@@ -139,8 +139,13 @@ def _response_schema(response_format: ResponseFormat | None) -> dict[str, Any] |
 
 
 def _add_guide(
-    sampling: dict[str, Any], schema: dict[str, Any] | None, tool_guide: dict[str, Any] | None
+    sampling: dict[str, Any],
+    schema: dict[str, Any] | None,
+    tool_guide: dict[str, Any] | None,
+    think: Think | None = None,
 ) -> None:
+    """The one sampling guide of the body; a reasoning model's response format waits for
+    the end of its reasoning, as vLLM's does."""
     guides = [
         name
         for name, on in (
@@ -154,7 +159,9 @@ def _add_guide(
     if len(guides) > 1:
         message = f"{guides[1]}: cannot be combined with {guides[0]}; give one of them"
         raise invalid(message, guides[1])
-    if schema is not None:
+    if schema is not None and think is not None:
+        sampling["guided_structural_tag"] = json_after_thinking(schema, think)
+    elif schema is not None:
         sampling["guided_json"] = schema
     sampling.update(tool_guide or {})
 

@@ -1,9 +1,11 @@
-"""The grammar that makes a model call tools in its own format (``tool_choice``
-``required`` or a named function): an xgrammar structural tag for the worker's
-constrained decoding (``SamplingParams.guided_structural_tag``).
+"""Grammars for replies that a plain JSON schema cannot say, as xgrammar structural tags
+for the worker's constrained decoding (``SamplingParams.guided_structural_tag``): a
+model's tool calls in its own format (``tool_choice`` ``required`` or a named function),
+and a reasoning model's structured output after its reasoning.
 
-The reply is calls only, each call's arguments fitting its function's parameters; a
-reasoning model may think first, inside its think tags, as it was trained to.
+A reasoning model may think first, inside its think tags, as it was trained to; then
+the reply is calls only, each call's arguments fitting its function's parameters, or
+JSON fitting the response format.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def calls_grammar(
     if think is None:
         return {"type": "structural_tag", "format": calls}
     return {"type": "structural_tag", "format": _sequence(_thinking(think), calls)}
+
+
+def json_after_thinking(schema: dict[str, Any], think: Think) -> Node:
+    """A reply that may think first, then answers JSON fitting ``schema``."""
+    answer = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
+    return {"type": "structural_tag", "format": _sequence(_thinking(think), answer)}
 
 
 def _hermes(functions: Sequence[tuple[str, dict[str, Any]]], parallel: bool) -> Node:

@@ -207,3 +207,14 @@ def test_completions_take_token_ids_and_lists_of_prompts() -> None:
     assert prompts([1, 2]) == [(1, 2)]
     assert prompts([[1, 2], [3]]) == [(1, 2), (3,)]
     assert prompts(["a", "b"]) == ["a", "b"]
+
+
+def test_a_reasoning_models_response_format_waits_for_its_reasoning() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    response_format = {"type": "json_schema", "json_schema": {"schema": schema}}
+    sampling = chat_request(_chat(response_format=response_format), CALLER, QWEN3).requests[0]
+    tag = sampling.sampling.guided_structural_tag
+    assert tag is not None and sampling.sampling.guided_json is None
+    thinking, answer = tag["format"]["elements"]
+    assert thinking["type"] == "optional" and answer["type"] == "json_schema"
+    assert answer["json_schema"]["additionalProperties"] is False
