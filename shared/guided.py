@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 # Keywords xgrammar 0.2 accepts but does not enforce.
 UNENFORCED_KEYWORDS = frozenset(
     {
@@ -133,3 +135,20 @@ def _close_object(out: dict[str, Any], require_all: bool) -> None:
         out.pop("patternProperties", None)
     elif "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
+
+
+def schema_key(schema: Any) -> str:
+    """The JSON that two spellings of one schema (or structural tag) share, to cache its
+    grammar by: keys sorted, but an object's properties in the order it declares them,
+    since xgrammar writes them in that order."""
+    return orjson.dumps(_canonical(schema, keep_order=False)).decode()
+
+
+def _canonical(node: Any, keep_order: bool) -> Any:
+    if isinstance(node, list):
+        return [_canonical(item, False) for item in node]
+    if not isinstance(node, dict):
+        return node
+    items = node.items() if keep_order else sorted(node.items())
+    # Under "properties" the keys are names in their order; their values are schemas.
+    return {k: _canonical(v, k == "properties" and not keep_order) for k, v in items}

@@ -7,7 +7,7 @@ from typing import Any
 
 import jsonschema
 
-from shared.guided import closed_schema, strict_schema
+from shared.guided import closed_schema, schema_key, strict_schema
 
 ADDRESS: dict[str, Any] = {
     "type": "object",
@@ -73,3 +73,13 @@ def test_integers_without_bounds_are_held_to_64_bits() -> None:
     closed = closed_schema(schema)["properties"]
     assert (closed["n"]["minimum"], closed["n"]["maximum"]) == (-(2**63), 2**63 - 1)
     assert "minimum" not in closed["m"] and closed["m"]["maximum"] == 2**63 - 1
+
+
+def test_two_spellings_of_a_schema_share_a_key_but_property_order_counts() -> None:
+    one = {"type": "object", "properties": {"b": {"type": "string"}, "a": {}}, "required": ["b"]}
+    same = {"required": ["b"], "properties": {"b": {"type": "string"}, "a": {}}, "type": "object"}
+    swapped = {"type": "object", "properties": {"a": {}, "b": {"type": "string"}}}
+    assert schema_key(one) == schema_key(same)
+    assert schema_key({**swapped, "required": ["b"]}) != schema_key(one)
+    named = {"properties": {"properties": {"type": "object", "properties": {"z": {}, "y": {}}}}}
+    assert '"z":{},"y":{}' in schema_key(named)  # a property named "properties" is a schema

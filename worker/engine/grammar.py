@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import torch
 
+from shared.guided import schema_key
 from shared.models import GUIDES, FinishReason, SamplingParams
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
@@ -198,11 +199,11 @@ def _ended(req: EngineRequest, reason: FinishReason, error: str | None = None) -
 def _source(params: SamplingParams) -> str:
     """The cache key of ``params``' grammar."""
     if params.guided_json is not None:
-        return "json:" + orjson.dumps(params.guided_json).decode()
+        return "json:" + schema_key(params.guided_json)
     if params.guided_regex is not None:
         return "regex:" + params.guided_regex
     if params.guided_structural_tag is not None:
-        return "tag:" + orjson.dumps(params.guided_structural_tag).decode()
+        return "tag:" + schema_key(params.guided_structural_tag)
     raise GrammarError("the request has no guided_json, guided_regex or guided_structural_tag")
 
 
