@@ -21,6 +21,8 @@ def build_request(
     prompt: str | None = None,
     *,
     messages: Messages | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     model: str | None = None,
     priority: int | str = "normal",
     deadline: float | datetime | None = None,
@@ -29,14 +31,19 @@ def build_request(
     lora: str | None = None,
     **sampling: Any,
 ) -> GenerationRequest:
-    """A validated request from ``submit``'s arguments; ``deadline`` is seconds from now
-    or an aware datetime; ``lora`` names a LoRA adapter registered for the model.
+    """A validated request from ``submit``'s arguments: one of ``prompt`` (a text),
+    ``prompt_token_ids`` (the prompt as token ids, checked against the model's
+    vocabulary when it runs) and ``messages`` (with ``chat_template_kwargs`` for the
+    chat template, e.g. ``{"enable_thinking": False}``); ``deadline`` is seconds from
+    now or an aware datetime; ``lora`` names a LoRA adapter registered for the model.
     Raises InvalidRequest saying which field was wrong."""
     fields = {
         "model": model or settings.default_model,
         "lora": lora,
         "prompt": prompt,
+        "prompt_token_ids": prompt_token_ids,
         "messages": messages,
+        "chat_template_kwargs": chat_template_kwargs,
         "priority": priority,
         "sampling": sampling,
         "deadline_ms": _deadline_ms(deadline),

@@ -21,6 +21,33 @@ MAX_GUIDED_JSON_BYTES = 64_000
 MAX_GUIDED_REGEX_CHARS = 4_000
 MAX_N = 16
 MAX_EMBEDDING_DIMENSIONS = 65_536
+MAX_PROMPT_TOKEN_IDS = 1_000_000
+# A token-id prompt counts as this many characters a token (the usual English estimate),
+# so TOKENQ_MAX_PROMPT_CHARS and the up-front token estimates bound it as they bound text.
+CHARS_PER_TOKEN_ID = 4
+MAX_TOOLS = 128
+MAX_TOOLS_JSON_BYTES = 256_000
+MAX_TEMPLATE_KWARGS = 16
+# apply_chat_template's own arguments, which chat_template_kwargs may not set.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 # A LoRA adapter's name: no ':' (the OpenAI routes read ``model: "base:adapter"``) or '/'.
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][\w.\-]{0,63}$"
 MAX_LORA_RANK = 4096
@@ -74,6 +101,11 @@ class SamplingParams(_Strict):
     guided_regex: str | None = Field(
         None, min_length=1, max_length=MAX_GUIDED_REGEX_CHARS, description="a regex to match"
     )
+    guided_structural_tag: dict[str, Any] | None = Field(
+        None,
+        description="an xgrammar structural tag ({'type': 'structural_tag', 'format': ...}): "
+        "free text with constrained parts, such as a model's own tool-call format",
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> SamplingParams:
@@ -81,17 +113,19 @@ class SamplingParams(_Strict):
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
-        if self.guided_json is not None and self.guided_regex is not None:
-            raise ValueError("give at most one of guided_json and guided_regex")
+        guides = [name for name in GUIDES if getattr(self, name) is not None]
+        if len(guides) > 1:
+            raise ValueError(f"give at most one of {', '.join(GUIDES)}, not {' and '.join(guides)}")
         return self
 
-    @field_validator("guided_json")
+    @field_validator("guided_json", "guided_structural_tag")
     @classmethod
     def _enforceable(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A schema, or a structural tag's schemas, that the grammar can enforce."""
         if schema is None:
             return None
         if len(orjson.dumps(schema)) > MAX_GUIDED_JSON_BYTES:
-            raise ValueError(f"the schema is over {MAX_GUIDED_JSON_BYTES} bytes of JSON")
+            raise ValueError(f"it is over {MAX_GUIDED_JSON_BYTES} bytes of JSON")
         try:
             check_json_schema(schema)
         except UnsupportedSchema as e:
@@ -100,11 +134,15 @@ class SamplingParams(_Strict):
 
     @property
     def guided(self) -> bool:
-        return self.guided_json is not None or self.guided_regex is not None
+        return any(getattr(self, name) is not None for name in GUIDES)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+# The ways to constrain decoding; a request takes at most one.
+GUIDES = ("guided_json", "guided_regex", "guided_structural_tag")
 
 
 # SamplingParams fields an OpenAI-style body (gateway, batch lines) carries under the
@@ -127,21 +165,66 @@ OPENAI_PASSTHROUGH_SAMPLING = (
 )
 
 
+class ToolCallSpec(_Strict):
+    """An earlier assistant turn's call of a function, as a chat template renders it."""
+
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=256)
+    arguments: dict[str, Any] | str = Field(description="parsed JSON, or the text as sent")
+
+
+class FunctionSpec(_Strict):
+    """A function the model may call, rendered by a chat template that takes tools."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-.]+$")
+    description: str = Field("", max_length=100_000)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(max_length=1_000_000)
+    # For a template that takes tools: an assistant turn's calls, a tool result's call.
+    tool_calls: tuple[ToolCallSpec, ...] | None = Field(None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(None, max_length=256)
+    name: str | None = Field(None, max_length=256)
+
+    def template_view(self) -> dict[str, Any]:
+        """The message as chat templates read it (OpenAI's shape, arguments as objects)."""
+        view: dict[str, Any] = self.model_dump(exclude_none=True, exclude={"tool_calls"})
+        if self.tool_calls is not None:
+            view["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": c.model_dump(exclude={"id"})}
+                for c in self.tool_calls
+            ]
+        return view
 
 
 MetadataValue = str | int | float | bool | None
 
 
 class GenerationRequest(_Strict):
-    """What a client submits. Exactly one of ``prompt`` and ``messages``."""
+    """What a client submits. Exactly one of ``prompt``, ``prompt_token_ids`` and
+    ``messages``; ``tools`` and ``chat_template_kwargs`` go with ``messages``."""
 
     version: int = SCHEMA_VERSION
     model: str = Field(min_length=1, max_length=200, pattern=r"^[\w.\-/:@+=,]+$")
     prompt: str | None = Field(None, min_length=1)
+    prompt_token_ids: tuple[Annotated[int, Field(ge=0)], ...] | None = Field(
+        None, min_length=1, max_length=MAX_PROMPT_TOKEN_IDS, description="a prompt as token ids"
+    )
     messages: tuple[ChatMessage, ...] | None = Field(None, min_length=1, max_length=1000)
+    tools: tuple[FunctionSpec, ...] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_TOOLS,
+        description="functions the chat template renders in the prompt (templates that take tools)",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        max_length=MAX_TEMPLATE_KWARGS,
+        description="extra variables for the chat template, e.g. {'enable_thinking': false}",
+    )
     priority: int = int(Priority.NORMAL)
     sampling: SamplingParams = SamplingParams()
     deadline_ms: int | None = Field(None, ge=0, description="unix time in ms")
@@ -160,14 +243,35 @@ class GenerationRequest(_Strict):
     def _priority(cls, value: object) -> int:
         return parse_priority(value)
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(set(kwargs or ()) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(f"{reserved[0]!r} is the chat template call's own; leave it out")
+        if kwargs is not None and len(orjson.dumps(kwargs)) > MAX_GUIDED_JSON_BYTES:
+            raise ValueError(f"it is over {MAX_GUIDED_JSON_BYTES} bytes of JSON")
+        return kwargs
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools: tuple[FunctionSpec, ...] | None) -> tuple[FunctionSpec, ...] | None:
+        num_bytes = len(orjson.dumps([t.model_dump() for t in tools or ()]))
+        if num_bytes > MAX_TOOLS_JSON_BYTES:
+            raise ValueError(f"the tools are over {MAX_TOOLS_JSON_BYTES} bytes of JSON")
+        return tools
+
     @model_validator(mode="after")
     def _one_input(self) -> GenerationRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
+        inputs = [self.prompt, self.prompt_token_ids, self.messages]
+        if sum(x is not None for x in inputs) != 1:
+            raise ValueError("give exactly one of prompt, prompt_token_ids and messages")
         if self.prompt is not None and not self.prompt.strip():
             raise ValueError("prompt must not be blank")
-        if self.task == "embed" and self.prompt is None:
+        if self.task == "embed" and self.messages is not None:
             raise ValueError("an embed request takes a prompt (the text to embed), not messages")
+        if self.messages is None and (self.tools or self.chat_template_kwargs is not None):
+            raise ValueError("tools and chat_template_kwargs go with messages (a chat prompt)")
         if self.dimensions is not None and self.task != "embed":
             raise ValueError("dimensions applies to embed requests only")
         if TENANT_WEIGHT in self.metadata:
@@ -187,6 +291,8 @@ class GenerationRequest(_Strict):
     def prompt_chars(self) -> int:
         if self.prompt is not None:
             return len(self.prompt)
+        if self.prompt_token_ids is not None:
+            return len(self.prompt_token_ids) * CHARS_PER_TOKEN_ID
         return sum(len(m.content) for m in self.messages or ())
 
 

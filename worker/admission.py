@@ -1,24 +1,33 @@
-"""A claimed request as the engine takes it: its prompt tokenized, what earlier
+"""A claimed request as the engine takes it: its prompt as tokens (token ids checked, a
+text tokenized, chat messages and tools through the chat template), what earlier
 attempts published taken back, its adapter looked up in the registry."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import redis
 
 from shared.keys import Keys
 from shared.loras import get_lora
-from shared.models import GenerationRequest, TokenEvent
+from shared.models import FunctionSpec, GenerationRequest, TokenEvent
 from shared.records import stream_event
 from worker.engine.request import EngineRequest, LoraRef
 from worker.held import Held
 
 
 class Encoder(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
     def encode_prompt(self, prompt: str) -> list[int]: ...
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]: ...
 
 
 def engine_request(
@@ -26,10 +35,7 @@ def engine_request(
 ) -> EngineRequest:
     """Raises when the tokenizer, its chat template or the adapter registry refuses it."""
     req = held.request
-    if req.messages is not None:
-        ids = encoder.encode_chat([m.model_dump() for m in req.messages])
-    else:
-        ids = encoder.encode_prompt(req.prompt or "")
+    ids = prompt_token_ids(encoder, req)
     held.num_prompt_tokens = len(ids)
     deadline = None if req.deadline_ms is None else req.deadline_ms / 1000
     return EngineRequest(
@@ -45,6 +51,36 @@ def engine_request(
         dimensions=req.dimensions,
         lora=lora_ref(connection, keys, model, req),
     )
+
+
+def prompt_token_ids(encoder: Encoder, req: GenerationRequest) -> list[int]:
+    """The prompt as tokens: token ids as given (checked against the vocabulary), a
+    text tokenized, or chat messages (and tools) through the chat template."""
+    if req.prompt_token_ids is not None:
+        return checked_token_ids(req.prompt_token_ids, encoder.vocab_size)
+    if req.messages is None:
+        return encoder.encode_prompt(req.prompt or "")
+    messages = [m.template_view() for m in req.messages]
+    tools = None if req.tools is None else [_template_tool(t) for t in req.tools]
+    return encoder.encode_chat(messages, tools, req.chat_template_kwargs)
+
+
+def _template_tool(function: FunctionSpec) -> dict[str, Any]:
+    return {"type": "function", "function": function.model_dump()}
+
+
+def checked_token_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
+    """``token_ids`` when every one is in the vocabulary; ValueError naming the first
+    that is not (the wire schema has already refused negative ones)."""
+    if not token_ids or max(token_ids) < vocab_size:
+        return list(token_ids)
+    for at, token_id in enumerate(token_ids):
+        if token_id >= vocab_size:
+            raise ValueError(
+                f"prompt_token_ids[{at}] is {token_id}, outside the model's vocabulary of "
+                f"{vocab_size} tokens (ids 0..{vocab_size - 1})"
+            )
+    return list(token_ids)  # not reached: the max was out of range
 
 
 def lora_ref(

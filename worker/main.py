@@ -13,10 +13,12 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from shared.chat import REGISTRY_FIELD as CHAT_FIELD
 from shared.connection import connect, wait_for_redis
 from shared.gc_policy import freeze_startup_objects
 from shared.settings import Settings
 from shared.version import VERSION
+from worker.chat_template import chat_features
 from worker.engine.config import EngineConfig
 from worker.heartbeat import Heartbeat, LoadingBeat
 from worker.metrics import WorkerMetrics, serve_http
@@ -140,6 +142,9 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
     }
     if engine.embedding_size is not None:  # the gateway refuses larger ``dimensions``
         info["embedding_size"] = engine.embedding_size
+    tokenizer = getattr(engine, "tokenizer", None)  # a simulated model has none
+    if tokenizer is not None:  # tools through the template, and reasoning, are read by it
+        info[CHAT_FIELD] = chat_features(tokenizer).to_field()
     s = service.settings
     heartbeat = Heartbeat(service, connect(s.redis_url, s.redis_cluster), info)
     heartbeat.beat()

@@ -19,6 +19,7 @@ from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
 PREFIX = "sim:"
+SIM_VOCAB_SIZE = 32_000  # what a token-id prompt is checked against: a Llama-sized vocabulary
 
 
 @dataclass
@@ -83,10 +84,20 @@ class SimEngine:
     def embedding_size(self) -> int | None:
         return None  # a simulated model computes no embeddings
 
+    @property
+    def vocab_size(self) -> int:
+        return SIM_VOCAB_SIZE
+
     def encode_prompt(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """A token a word of the messages' contents (tools and kwargs shape nothing here)."""
         return self.encode_prompt(" ".join(str(m["content"]) for m in messages))
 
     def add_request(self, req: EngineRequest) -> None:

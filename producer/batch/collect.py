@@ -135,13 +135,14 @@ def _line_result(ctx: Context, line: BatchLine, p: Pending, choices: Choices) ->
         return False, error_line(line.custom_id, "expired", message, choices.gone)
     if not p.complete:
         return False, error_line(line.custom_id, "batch_cancelled", PARTLY_SENT)
-    streams = _streams(ctx, choices.results) if line.logprobs else None
+    wants_steps = line.logprobs or line.reasoning is not None  # reasoning tokens are counted
+    streams = _streams(ctx, choices.results) if wants_steps else None
     return result_line(line, choices.results, streams)
 
 
 def _streams(ctx: Context, results: list[Result]) -> list[list[Entry]]:
-    """Each request's events, for the logprobs a line asked for (they are not kept in
-    its result)."""
+    """Each request's events, for the logprobs a line asked for and its steps' tokens
+    (they are not kept in its result)."""
     pipe = ctx.main.pipeline(transaction=False)
     for result in results:
         pipe.xrange(ctx.keys.stream(result.id))

@@ -11,11 +11,13 @@ import orjson
 import redis
 
 from producer.batch import chain, driver, store, webhooks
+from producer.batch.bodies import parse_jsonl
 from producer.batch.context import Context, batch_redis
-from producer.batch.lines import BatchInputError, parse_jsonl
+from producer.batch.lines import BatchInputError
 from producer.batch.models import BatchState, BatchStatus
 from producer.batch.store import Results
 from producer.client import Client
+from shared.chat import read_chat_features
 from shared.errors import InvalidRequest, TokenqError
 from shared.priority import parse_priority
 from shared.settings import Settings
@@ -55,7 +57,11 @@ class Batches:
         Its lines run as ``tenant``'s requests, whatever their own metadata says."""
         ctx = self.ctx
         lines = parse_jsonl(
-            _jsonl(source), ctx.settings, model=model, max_lines=ctx.settings.max_batch_lines
+            _jsonl(source),
+            ctx.settings,
+            model=model,
+            max_lines=ctx.settings.max_batch_lines,
+            features=lambda name: read_chat_features(ctx.main, ctx.keys, name),
         )
         if webhook_url is not None:
             webhooks.check_url(webhook_url)

@@ -73,8 +73,7 @@ def _body(
 ) -> dict[str, Any]:
     if line.kind == "embedding":
         return _embedding_body(results[0])
-    # Imported here: the renderer is the gateway's, and only a worker that collects
-    # results should load the web stack.
+    # Imported here: only a worker that collects results needs the OpenAI renderer.
     from producer.batch.render import completion_body
 
     return completion_body(line, results, streams)

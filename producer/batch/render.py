@@ -1,4 +1,4 @@
-"""A batch line's answer rendered by the live route's own renderer, so an output line's
+"""A batch line's answer rendered by the live routes' own renderer, so an output line's
 body is what ``/v1/chat/completions`` or ``/v1/completions`` would have answered."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from producer.batch.lines import BatchLine
 from producer.gateway.entries import Entry
-from producer.gateway.openai_output import Kind, Renderer, chat_completion, completion
+from producer.openai.output import Kind, Renderer, chat_completion, completion
 from shared.models import FinalEvent, Result
 
 
@@ -16,11 +16,12 @@ def completion_body(
     line: BatchLine, results: Sequence[Result], streams: Sequence[Sequence[Entry]] | None
 ) -> dict[str, Any]:
     """One choice per result; ``streams`` (each request's events) carry the logprobs of a
-    line that asked for them, else the results' texts are the answer."""
+    line that asked for them and the token counts of reasoning, else the results' texts
+    are the answer."""
     kind: Kind = "chat" if line.kind == "chat" else "text"
     first = results[0]
     renderers = [
-        Renderer(kind, first.id, first.model, index=i, tools=line.tools)
+        Renderer(kind, first.id, first.model, index=i, tools=line.tools, reasoning=line.reasoning)
         for i in range(len(results))
     ]
     for i, (renderer, result) in enumerate(zip(renderers, results, strict=True)):

@@ -137,6 +137,9 @@ async def request_detail(r: redis.asyncio.Redis, keys: Keys, request_id: str) ->
 
 def _payload(payload: dict[str, Any]) -> dict[str, Any]:
     prompt, messages = payload.pop("prompt", None), payload.pop("messages", None)
+    token_ids = payload.pop("prompt_token_ids", None)
+    if token_ids is not None:  # up to a million: shown as text, cut like a long prompt
+        prompt = f"(token ids, {len(token_ids)}) " + " ".join(str(i) for i in token_ids[:2000])
     truncated = prompt is not None and len(prompt) > MAX_PROMPT_CHARS
     if messages is not None:
         long = any(len(m.get("content", "")) > MAX_PROMPT_CHARS for m in messages)

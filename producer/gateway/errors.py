@@ -7,16 +7,21 @@ so OpenAI clients raise their usual exceptions and nothing answers 500 for bad i
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+# Re-exported: the gateway's routes raise and document these as the gateway's own.
+from producer.openai.errors import ApiError as ApiError
+from producer.openai.errors import ErrorDetail as ErrorDetail
+from producer.openai.errors import ErrorResponse as ErrorResponse
+from producer.openai.errors import from_validation_errors as from_validation_errors
+from producer.openai.errors import invalid as invalid
 from shared.errors import (
     InvalidRequest,
     NotFound,
@@ -30,36 +35,6 @@ from shared.errors import (
 from shared.ratelimit import retry_after_header
 
 log = logging.getLogger(__name__)
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
-
-
-class ApiError(Exception):
-    """An error the gateway answers on purpose, with its status and OpenAI-style body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
-        self.headers = dict(headers or {})
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -80,23 +55,6 @@ _DESCRIPTIONS = {
     503: "Redis is unreachable",
     504: "the request's deadline passed before it ran",
 }
-
-
-def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, param=param, code=code)
-
-
-def from_validation_errors(errors: Sequence[Any], strip: tuple[str, ...] = ()) -> ApiError:
-    """A 400 naming the first bad field (dotted path, OpenAI names) and saying why for each."""
-    lines, params = [], []
-    for item in errors:
-        loc = [str(p) for p in item["loc"] if str(p) not in strip]
-        message = item["msg"]
-        if item["type"] == "extra_forbidden" and loc:
-            message = f"unknown field {loc[-1]!r}"
-        lines.append(f"{'.'.join(loc) or 'request'}: {message}")
-        params.append(".".join(loc) or None)
-    return invalid("invalid request: " + "; ".join(lines), params[0] if params else None)
 
 
 def _answer(request: Request, err: ApiError) -> JSONResponse:

@@ -20,9 +20,9 @@ from producer.gateway.errors import (
     map_tokenq_error,
 )
 from producer.gateway.hub import parse_cursor
-from producer.gateway.openai_requests import deadline_ms
-from producer.gateway.openai_schemas import PRIORITY_DOC
 from producer.gateway.sse import KEEPALIVE, SSEResponse, frame
+from producer.openai.requests import deadline_ms
+from producer.openai.schemas import PRIORITY_DOC
 from shared.errors import TokenqError
 from shared.keys import REQUEST_ID_RE
 from shared.models import (

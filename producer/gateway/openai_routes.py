@@ -11,28 +11,23 @@ import redis
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from producer.gateway.auth import Caller, Principal
+from producer.gateway.auth import Caller, Principal, priority_for
 from producer.gateway.backend import Backend, BackendDep, Submitted, model_not_found
 from producer.gateway.entries import Entry
 from producer.gateway.errors import error_responses, map_tokenq_error
-from producer.gateway.openai_output import (
+from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
+from producer.openai.output import (
     Renderer,
     chat_completion,
     completion,
     failure,
     stream_end,
 )
-from producer.gateway.openai_requests import chat_request, completion_request
-from producer.gateway.openai_schemas import (
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-)
-from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
+from producer.openai.requests import Origin, chat_request, completion_request
+from producer.openai.responses import ChatCompletion, Completion, ModelCard, ModelList
+from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
 from producer.requests import choice_requests
+from shared.chat import ChatFeatures
 from shared.errors import NotFound, TokenqError
 from shared.loras import list_loras_async
 from shared.models import FinalEvent, GenerationRequest
@@ -64,12 +59,24 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
     """Generate a chat reply (OpenAI-compatible; tokenq fields as extra body fields)."""
-    plan = chat_request(body, caller)
+    features = await chat_features(backend, body.model)
+    plan = chat_request(body, origin(caller, body.priority), features)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     model = plan.requests[0].model
-    renderers = [Renderer("chat", "", model, include_usage, i, plan.tools) for i in range(body.n)]
+    renderers = [
+        Renderer("chat", "", model, include_usage, i, plan.tools, plan.reasoning)
+        for i in range(body.n)
+    ]
     whole: Whole = lambda finals: chat_completion(renderers, finals, body.logprobs)  # noqa: E731
     return await _answer(request, backend, caller, plan.requests, body.stream, renderers, whole)
+
+
+async def chat_features(backend: Backend, model: str) -> ChatFeatures | None:
+    """What the chat template of ``model`` (or of an adapter's base) does, as its live
+    workers registered it; None when no live worker says."""
+    live = await backend.registry.live()
+    found = live.get(model) or live.get(model.rsplit(":", 1)[0])
+    return None if found is None else found.chat
 
 
 @router.post(
@@ -78,13 +85,23 @@ async def chat_completions(
 async def completions(
     body: CompletionRequest, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:
-    """Continue a prompt (OpenAI-compatible; one prompt per request)."""
-    gens = choice_requests(completion_request(body, caller), body.n)
+    """Continue a prompt, or each of a list of prompts (texts or token ids), n times each
+    (OpenAI-compatible; choice ``p * n + i`` is prompt p's i-th)."""
+    prompts = completion_request(body, origin(caller, body.priority))
+    gens = [gen for prompt in prompts for gen in choice_requests(prompt, body.n)]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderers = [Renderer("text", "", gens[0].model, include_usage, i) for i in range(body.n)]
+    renderers = [
+        Renderer("text", "", gens[0].model, include_usage, i, prompt_index=i // body.n)
+        for i in range(len(gens))
+    ]
     want_logprobs = body.logprobs is not None
     whole: Whole = lambda finals: completion(renderers, finals, want_logprobs)  # noqa: E731
     return await _answer(request, backend, caller, gens, body.stream, renderers, whole)
+
+
+def origin(caller: Principal, asked: int | str | None) -> Origin:
+    """The caller's tenant and the priority its body asks for, checked against its key."""
+    return Origin(caller.tenant, priority_for(caller, asked))
 
 
 @router.get("/models", response_model=ModelList, responses=error_responses(401, 503))
@@ -239,7 +256,7 @@ def _stream(
                     _record(backend, submitted[index], final)
                 if len(finals) == len(renderers):
                     ordered = [finals[i] for i in range(len(renderers))]
-                    yield chunks + stream_end(renderers[0], ordered)
+                    yield chunks + stream_end(renderers, ordered)
                     return
                 yield chunks or KEEPALIVE
         except (TokenqError, redis.RedisError) as e:

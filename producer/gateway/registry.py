@@ -7,11 +7,12 @@ missed heartbeats); the ``Keys.workers()`` sorted set lists the ids to look at.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis.asyncio
 
+from shared.chat import REGISTRY_FIELD, ChatFeatures
 from shared.keys import Keys
 from shared.replies import text
 
@@ -26,6 +27,9 @@ class LiveModel:
     # The smallest embedding length its workers report (their hidden size); None when
     # none reports one (a simulated model, or workers from before they did).
     embedding_size: int | None = None
+    # What its chat template does with tools and reasoning (shared.chat); None when no
+    # worker says (a simulated model, one still loading, or workers from before).
+    chat: ChatFeatures | None = None
 
 
 class ModelRegistry:
@@ -51,14 +55,16 @@ class ModelRegistry:
             return {}
         pipe = self._redis.pipeline(transaction=False)
         for worker_id, _ in ids:
-            pipe.hmget(self._keys.worker(text(worker_id)), ["model", "embedding_size"])
+            fields = ["model", "embedding_size", REGISTRY_FIELD]
+            pipe.hmget(self._keys.worker(text(worker_id)), fields)
         replies = await pipe.execute()
         models: dict[str, LiveModel] = {}
-        for (_, score), (model, size) in zip(ids, replies, strict=True):
+        for (_, score), (model, size, chat) in zip(ids, replies, strict=True):
             if model is None:
                 continue  # its hash expired: the worker is gone
             name = text(model)
-            models[name] = _counted(models.get(name), name, int(score), size)
+            found = _counted(models.get(name), name, int(score), size)
+            models[name] = replace(found, chat=found.chat or ChatFeatures.from_field(chat))
         return models
 
 
@@ -70,4 +76,4 @@ def _counted(known: LiveModel | None, name: str, seen_s: int, raw_size: bytes | 
         return LiveModel(name, 1, seen_s, size)
     sizes = [s for s in (known.embedding_size, size) if s is not None]
     first_s = min(known.created_s, seen_s)
-    return LiveModel(name, known.num_workers + 1, first_s, min(sizes, default=None))
+    return LiveModel(name, known.num_workers + 1, first_s, min(sizes, default=None), known.chat)

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import openai
 import pytest
 import redis
 
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL
+from tests.integration.openai_stack import openai_stack
 
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]
 
@@ -111,3 +113,13 @@ def reference(reference_engine: object) -> Callable[[list[dict[str, object]]], l
         return [[t for o in outputs[r.request_id] for t in o.new_token_ids] for r in reqs]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def openai_client(
+    redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[openai.OpenAI]:
+    """An unmodified ``openai`` client on a gateway process and a worker process on the
+    default model, for a test module."""
+    with openai_stack(redis_server.url, tmp_path_factory.mktemp("worker")) as c:
+        yield c

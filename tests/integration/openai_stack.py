@@ -18,30 +18,42 @@ import redis
 from shared.settings import DEFAULT_MODEL
 from tests.producer.gateway.process import gateway_process
 
+WORKER_ARGS = ("--kv-cache-mib", "64")  # little memory: other tests run beside it
+
 
 @contextmanager
-def openai_stack(redis_url: str, log_dir: Path, **gateway_env: str) -> Iterator[openai.OpenAI]:
+def openai_stack(
+    redis_url: str,
+    log_dir: Path,
+    model: str = DEFAULT_MODEL,
+    served_name: str | None = None,
+    **gateway_env: str,
+) -> Iterator[openai.OpenAI]:
     """An ``openai.OpenAI`` client on a fresh gateway (``gateway_env`` added to its
-    environment) and worker (the worker's log in ``log_dir``); both are stopped after."""
+    environment) and worker on ``model`` (a name or a path; clients call it
+    ``served_name`` when given), its log in ``log_dir``; both are stopped after."""
     redis.Redis.from_url(redis_url).flushall()
     log_path = log_dir / "worker.log"
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", DEFAULT_MODEL]
+    cmd = [sys.executable, "-m", "producer.cli", "worker", "--model", model, *WORKER_ARGS]
+    cmd += [] if served_name is None else ["--served-model-name", served_name]
     with log_path.open("wb") as log, gateway_process(redis_url, **gateway_env) as url:
         worker = subprocess.Popen([*cmd, "--redis", redis_url], stdout=log, stderr=log)
         try:
             with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as c:
-                _wait_for_worker(c, worker, log_path)
+                _wait_for_worker(c, served_name or model, worker, log_path)
                 yield c
         finally:
             worker.send_signal(signal.SIGKILL)
             worker.wait(timeout=30)
 
 
-def _wait_for_worker(c: openai.OpenAI, worker: subprocess.Popen[bytes], log: Path) -> None:
-    for _ in range(600):
+def _wait_for_worker(
+    c: openai.OpenAI, model: str, worker: subprocess.Popen[bytes], log: Path
+) -> None:
+    for _ in range(900):
         if worker.poll() is not None:
             pytest.fail(f"the worker exited: {log.read_text()[-2000:]}")
-        if [m.id for m in c.models.list()] == [DEFAULT_MODEL]:
+        if [m.id for m in c.models.list()] == [model]:
             return
         time.sleep(0.2)
-    pytest.fail("the worker did not register in 120s")
+    pytest.fail("the worker did not register in 180s")

@@ -5,7 +5,6 @@ live route answers for the same body."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ from producer.batch.ops import Batches
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL, Settings
-from tests.integration.openai_stack import openai_stack
 from tests.integration.openai_tools import ADD, TOOLS
 from tests.producer.batch.procs import RqWorkers, rq_batch_settings, wait_for
 
@@ -46,11 +44,8 @@ EMBED = {"input": TEXT}
 
 
 @pytest.fixture(scope="module")
-def live(
-    redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
-    with openai_stack(redis_server.url, tmp_path_factory.mktemp("worker")) as c:
-        yield c
+def live(openai_client: openai.OpenAI) -> openai.OpenAI:
+    return openai_client
 
 
 def run_batch(url: str, log_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:

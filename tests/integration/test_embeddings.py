@@ -7,7 +7,6 @@ import base64
 import math
 import struct
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -16,7 +15,6 @@ import pytest
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL, Settings
-from tests.integration.openai_stack import openai_stack
 from tests.reference import embedding_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -31,11 +29,8 @@ def references() -> list[list[float]]:
 
 
 @pytest.fixture(scope="module")
-def client(
-    redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
-    with openai_stack(redis_server.url, tmp_path_factory.mktemp("worker")) as c:
-        yield c
+def client(openai_client: openai.OpenAI) -> openai.OpenAI:
+    return openai_client
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -4,7 +4,6 @@ package against a gateway process and a worker on the default model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -13,9 +12,7 @@ import pydantic
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL
-from tests.integration.openai_stack import openai_stack
 from tests.integration.openai_tools import PARAMETERS, TOOLS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,11 +37,8 @@ class City(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def client(
-    redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
-    with openai_stack(redis_server.url, tmp_path_factory.mktemp("worker")) as c:
-        yield c
+def client(openai_client: openai.OpenAI) -> openai.OpenAI:
+    return openai_client
 
 
 def chat(c: openai.OpenAI, **fields: Any) -> Any:

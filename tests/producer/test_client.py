@@ -26,7 +26,7 @@ QUEUE = Keys().queue(model_tag(DEFAULT_MODEL))
         ({"prompt": "hi", "top_p": 0}, "sampling.top_p"),
         ({"prompt": "hi", "min_tokens": 9, "max_tokens": 2}, "must not exceed max_tokens"),
         ({"prompt": "x" * 1001}, "over the limit of 1000"),
-        ({}, "give exactly one of prompt and messages"),
+        ({}, "give exactly one of prompt, prompt_token_ids and messages"),
         ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "exactly one"),
         ({"messages": [{"role": "robot", "content": "b"}]}, "messages.0.role"),
         ({"prompt": "hi", "model": "bad model name!"}, "model: String should match"),

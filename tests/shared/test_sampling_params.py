@@ -39,7 +39,7 @@ def test_the_python_client_takes_guided_and_penalty_fields() -> None:
         ({"presence_penalty": -2.1}, "sampling.presence_penalty"),
         ({"frequency_penalty": 9}, "sampling.frequency_penalty"),
         ({"logit_bias": {"3": -101}}, "sampling.logit_bias.3"),
-        ({"guided_regex": "a", "guided_json": {}}, "at most one of guided_json and guided_regex"),
+        ({"guided_regex": "a", "guided_json": {}}, "not guided_json and guided_regex"),
         ({"guided_json": {"properties": {"x": {"uniqueItems": True}}}}, "'uniqueItems'"),
     ],
 )
@@ -60,3 +60,24 @@ def test_a_property_named_like_a_keyword_is_fine() -> None:
 def test_remote_refs_are_refused() -> None:
     with pytest.raises(ValidationError, match="only local refs"):
         SamplingParams(guided_json={"$ref": "https://example.com/s.json"})
+
+
+def test_the_python_client_takes_token_id_prompts_and_template_kwargs() -> None:
+    ids = build_request(Settings(), prompt_token_ids=[1, 2, 3]).prompt_token_ids
+    assert ids == (1, 2, 3)
+    chat = build_request(
+        Settings(),
+        messages=[{"role": "user", "content": "hi"}],
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert chat.chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(InvalidRequest, match=r"prompt_token_ids\.1"):
+        build_request(Settings(), prompt_token_ids=[1, -2])
+    with pytest.raises(InvalidRequest, match="exactly one of prompt, prompt_token_ids"):
+        build_request(Settings(), "hi", prompt_token_ids=[1])
+    with pytest.raises(InvalidRequest, match="'tokenize' is the chat template call's own"):
+        build_request(
+            Settings(),
+            messages=[{"role": "user", "content": "hi"}],
+            chat_template_kwargs={"tokenize": False},
+        )

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from producer.gateway.entries import parse_entry
-from producer.gateway.openai_output import token_logprobs
+from producer.openai.answers import token_logprobs
 from shared.models import TokenEvent
 from shared.reads import parse_xread
 

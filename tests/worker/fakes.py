@@ -29,7 +29,16 @@ class ScriptedEngine:
     def encode_prompt(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    @property
+    def vocab_size(self) -> int:
+        return 1000
+
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         return self.encode_prompt(" ".join(m["content"] for m in messages))
 
     def add_request(self, req: EngineRequest) -> None:

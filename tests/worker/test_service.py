@@ -137,7 +137,7 @@ def test_a_chat_template_error_ends_that_request_and_the_worker_keeps_serving(
 ) -> None:
     client, service, engine = setup
 
-    def encode_chat(messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(messages: list[dict[str, Any]], *_: object) -> list[int]:
         if messages[0]["content"] == "bad":
             raise TemplateError("Conversation roles must alternate user/assistant")
         return [1, 2]
@@ -150,6 +150,21 @@ def test_a_chat_template_error_ends_that_request_and_the_worker_keeps_serving(
     assert failed.finish_reason is FinishReason.ERROR
     assert "roles must alternate" in (failed.error or "")
     assert good.result(timeout=1).text == "t0t1"
+
+
+def test_a_token_id_prompt_runs_as_given_and_one_outside_the_vocabulary_fails_alone(
+    setup: Any,
+) -> None:
+    client, service, engine = setup
+    good = client.submit(prompt_token_ids=[5, 6, 7], model=MODEL, max_tokens=2)
+    bad = client.submit(prompt_token_ids=[5, engine.vocab_size], model=MODEL, max_tokens=2)
+    service.intake()
+    assert engine.running[good.id].prompt_token_ids == [5, 6, 7]
+    service.run(burst=True)
+    assert good.result(timeout=1).usage.prompt_tokens == 3
+    failed = bad.result(timeout=1)
+    assert failed.finish_reason is FinishReason.ERROR
+    assert "prompt_token_ids[1] is 1000, outside the model's vocabulary" in (failed.error or "")
 
 
 def test_a_redis_error_while_admitting_holds_nothing_and_the_request_comes_back(

@@ -86,9 +86,23 @@ class Engine:
         ids: list[int] = self.tokenizer.encode(prompt)
         return ids
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The chat prompt's tokens: ``messages`` (OpenAI's shape) and ``tools`` (OpenAI
+        function tools) through the chat template, with ``template_kwargs`` as its
+        extra variables (``enable_thinking``...)."""
+        template_tools: Any = tools
         encoded: Any = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            messages,
+            tools=template_tools,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **(template_kwargs or {}),
         )
         ids: list[int] = list(encoded["input_ids"])
         return ids

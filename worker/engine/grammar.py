@@ -24,7 +24,8 @@ from typing import Any
 import orjson
 import torch
 
-from shared.models import FinishReason, SamplingParams
+from shared.guided import schema_key
+from shared.models import GUIDES, FinishReason, SamplingParams
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
@@ -115,8 +116,13 @@ class Grammars:
         compiler = self._compiler  # only the pool's one thread builds it
         try:
             if params.guided_json is not None:
-                schema = orjson.dumps(params.guided_json, option=orjson.OPT_SORT_KEYS).decode()
+                # Unsorted: xgrammar writes properties in the order the schema declares.
+                schema = orjson.dumps(params.guided_json).decode()
                 return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=False)
+            if params.guided_structural_tag is not None:
+                return compiler.compile_structural_tag(
+                    orjson.dumps(params.guided_structural_tag).decode()
+                )
             return compiler.compile_regex(params.guided_regex)
         except RuntimeError as e:
             raise GrammarError(_describe(params, e)) from e
@@ -193,13 +199,15 @@ def _ended(req: EngineRequest, reason: FinishReason, error: str | None = None) -
 def _source(params: SamplingParams) -> str:
     """The cache key of ``params``' grammar."""
     if params.guided_json is not None:
-        return "json:" + orjson.dumps(params.guided_json, option=orjson.OPT_SORT_KEYS).decode()
+        return "json:" + schema_key(params.guided_json)
     if params.guided_regex is not None:
         return "regex:" + params.guided_regex
-    raise GrammarError("the request has no guided_json or guided_regex")
+    if params.guided_structural_tag is not None:
+        return "tag:" + schema_key(params.guided_structural_tag)
+    raise GrammarError("the request has no guided_json, guided_regex or guided_structural_tag")
 
 
 def _describe(params: SamplingParams, error: RuntimeError) -> str:
-    field = "guided_json" if params.guided_json is not None else "guided_regex"
+    field = next(name for name in GUIDES if getattr(params, name) is not None)
     detail = _CPP_PREFIX.sub("", str(error).strip().splitlines()[0])
     return f"{field}: cannot be used for constrained decoding: {detail}"

@@ -6,9 +6,12 @@ import json
 
 import pytest
 
-from producer.batch.lines import BatchInputError, BatchLine, LineError, parse_jsonl
+from producer.batch.bodies import parse_jsonl
+from producer.batch.lines import BatchInputError, BatchLine, LineError
 from producer.batch.output import refused_line, result_line
 from producer.gateway.entries import parse_entry
+from producer.openai.reasoning import ReasoningPlan
+from shared.chat import ChatFeatures
 from shared.models import (
     FinishReason,
     GenerationRequest,
@@ -140,7 +143,7 @@ def test_a_tools_line_keeps_its_plan_and_is_constrained_to_the_named_function() 
     plan = line.tools
     assert plan is not None and (plan.mode, plan.named) == ("named", "add")
     request = request_of(line)
-    assert request.sampling.guided_json == plan.schema()
+    assert {"guided_json": request.sampling.guided_json} == plan.guide()
     messages = request.messages
     assert messages is not None and messages[0].role == "system"
     assert "You must call the tool add now." in messages[0].content
@@ -164,7 +167,8 @@ def test_structured_output_penalties_and_bias_ride_on_batch_lines() -> None:
     }
     (line,) = parse_jsonl(json.dumps({"custom_id": "a", "body": body}), SETTINGS)
     s = request_of(line).sampling
-    assert s.guided_json == schema
+    a = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+    assert s.guided_json == {**schema, "properties": {"a": a}, "additionalProperties": False}
     assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, 1.0, {42: -100.0})
     assert BatchLine.from_json(line.to_json()) == line
 
@@ -294,3 +298,28 @@ def test_a_logprobs_lines_output_carries_its_streams_logprobs() -> None:
     (entry,) = json.loads(out)["response"]["body"]["choices"][0]["logprobs"]["content"]
     assert ok and (entry["token"], entry["logprob"]) == ("hi", -0.25)
     assert entry["top_logprobs"] == [{"token": "hi", "logprob": -0.25, "bytes": None}]
+
+
+QWEN3 = ChatFeatures(tool_format="hermes", think=("<think>", "</think>"))
+
+
+def test_a_line_for_a_model_that_takes_tools_and_thinks_is_read_in_its_format() -> None:
+    text = chat_line(tools=[ADD_TOOL], tool_choice="required")
+    (line,) = parse_jsonl(text, SETTINGS, features=lambda model: QWEN3)
+    request = request_of(line)
+    assert request.tools is not None and [t.name for t in request.tools] == ["add"]
+    assert request.sampling.guided_structural_tag is not None
+    assert [m.role for m in request.messages or ()] == ["user"]  # no fallback prompt
+    assert line.tools is not None and line.tools.format == "hermes"
+    assert line.reasoning == ReasoningPlan("<think>", "</think>")
+    assert BatchLine.from_json(line.to_json()) == line  # as the store keeps it
+    reply = ["<think>", "add them", "</think>", "\n\n", '<tool_call>\n{"name": "add", ']
+    reply.append('"arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    events = [TokenEvent(index=i, token_ids=(i,), text=t) for i, t in enumerate(reply)]
+    stream = [parse_entry(f"{i}-0", {b"e": dumps(e)}) for i, e in enumerate(events)]
+    ok, out = result_line(line, [result("r1", "".join(reply), len(reply))], [stream])
+    body = json.loads(out)["response"]["body"]
+    message = body["choices"][0]["message"]
+    assert ok and message["reasoning_content"] == "add them" and message["content"] is None
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}

@@ -57,6 +57,14 @@ async def test_detail_truncates_a_long_prompt(world: World) -> None:
     assert len(detail.prompt or "") == MAX_PROMPT_CHARS
 
 
+async def test_detail_shows_a_token_id_prompt_as_text_not_as_parameters(world: World) -> None:
+    rid = world.client.submit(prompt_token_ids=list(range(3000)), model=MODEL).id
+    detail = await request_detail(world.aio, world.keys, rid)
+    assert (detail.prompt or "").startswith("(token ids, 3000) 0 1 2 ")
+    assert detail.prompt_truncated is True
+    assert "prompt_token_ids" not in detail.parameters
+
+
 async def test_detail_of_a_dead_request_says_why(world: World) -> None:
     [rid] = world.submit(1)
     [claimed] = world.claim("w1", rid)

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 
 from shared.calls import Claimed, TokenPublish, finish_call, publish_calls, slot_of
+from shared.chat import REGISTRY_FIELD as CHAT_FIELD
+from shared.chat import ChatFeatures
 from shared.connection import close, connect, is_cluster
 from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
@@ -47,7 +49,10 @@ class ScriptedWorker:
     max_num_seqs: int = 64
     tokens_per_entry: int = 1  # more: that many steps' tokens as one entry, as coalescing does
     embedding_size: int | None = None  # registered, as a real worker's hidden size is
+    chat: ChatFeatures | None = None  # registered, as a real worker's template features are
+    script: tuple[str, ...] = ()  # the answer's tokens' texts (default: t0 t1 ...)
     running: dict[str, _Running] = field(default_factory=dict)
+    claimed: list[GenerationRequest] = field(default_factory=list)  # every request it took
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -72,6 +77,8 @@ class ScriptedWorker:
         }
         if self.embedding_size is not None:
             fields["embedding_size"] = str(self.embedding_size)
+        if self.chat is not None:
+            fields[CHAT_FIELD] = self.chat.to_field()
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
         pipe.pexpire(self.keys.worker(self.worker_id), 10_000)
@@ -123,7 +130,10 @@ class ScriptedWorker:
                 self._finish(run, FinishReason.CANCELLED)
 
     def _limit(self, run: _Running) -> int:
-        return min(self.num_tokens, run.request.sampling.max_tokens)
+        return min(len(self.script) or self.num_tokens, run.request.sampling.max_tokens)
+
+    def _text(self, index: int) -> str:
+        return self.script[index] if self.script else token_text(index)
 
     def _claim(self) -> None:
         room = self.max_num_seqs - len(self.running)
@@ -135,6 +145,7 @@ class ScriptedWorker:
         for c in drive(self.scripts, flow):
             request = GenerationRequest.model_validate_json(c.payload)
             self.running[c.request_id] = _Running(c, request, c.num_generated)
+            self.claimed.append(request)
 
     def _event(self, run: _Running, num_tokens: int) -> TokenPublish:
         first, num_top = run.num_sent, run.request.sampling.logprobs
@@ -142,7 +153,7 @@ class ScriptedWorker:
             TokenEvent(
                 index=i,
                 token_ids=(i,),
-                text=token_text(i),
+                text=self._text(i),
                 logprobs=None if num_top is None else (_logprob(i, num_top),),
             )
             for i in range(first, first + num_tokens)
@@ -156,7 +167,7 @@ class ScriptedWorker:
         c, n = run.claimed, run.num_sent
         usage = Usage(prompt_tokens=3, completion_tokens=n)
         final = dumps(FinalEvent(finish_reason=reason, usage=usage))
-        output = dumps_output(expected_text(n), list(range(n)))
+        output = dumps_output("".join(self._text(i) for i in range(n)), list(range(n)))
         state = "cancelled" if reason is FinishReason.CANCELLED else "finished"
         call = finish_call(
             self.keys, self.settings, c.request_id, c.lease_token, final, output, state

@@ -140,7 +140,10 @@ def test_bad_sampling_is_400_naming_the_field(gateway: RunningGateway) -> None:
             "/v1/requests", json={"prompt": "x", "messages": [{"role": "user", "content": "y"}]}
         )
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "sampling.max_tokens"
-    assert both.status_code == 400 and "exactly one of prompt and messages" in both.text
+    assert (
+        both.status_code == 400
+        and "exactly one of prompt, prompt_token_ids and messages" in both.text
+    )
 
 
 def _wait(done: object, timeout_s: float = 5.0) -> None:

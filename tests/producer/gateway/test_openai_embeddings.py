@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from producer.gateway.openai_embeddings import EmbeddingRequest
-from producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest, QueueFields
+from producer.openai.embeddings import EmbeddingRequest
+from producer.openai.schemas import ChatCompletionRequest, CompletionRequest, QueueFields
 from shared.keys import Keys, model_tag
 from tests.producer.gateway.conftest import RunningGateway
 from tests.producer.gateway.scripted import MODEL

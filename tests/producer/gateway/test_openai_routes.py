@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from producer.gateway.openai_schemas import ChatCompletionChunk, Completion
+from producer.openai.responses import ChatCompletionChunk, Completion
 from shared.keys import Keys
 from shared.models import GenerationRequest
 from tests.producer.gateway.conftest import RunningGateway

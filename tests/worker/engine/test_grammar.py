@@ -143,3 +143,20 @@ def test_grammars_compile_once_per_schema_and_say_why_one_fails(tokenizer: Any) 
     bad = real.compile(SamplingParams(guided_regex="(?<=a)b"))
     with pytest.raises(GrammarError, match=r"guided_regex: .*Lookbehind is not supported"):
         bad.result(timeout=60)
+
+
+def test_properties_come_in_the_order_the_schema_declares(tokenizer: Any) -> None:
+    real = Grammars(tokenizer, tokenizer.vocab_size, [tokenizer.eos_token_id])
+    properties = {"name": {"type": "string"}, "country": {"type": "string"}}
+    schema = {"type": "object", "properties": properties, "required": ["name", "country"]}
+    compiled = real.compile(SamplingParams(guided_json=schema)).result(timeout=60)
+
+    def takes(text: str) -> bool:
+        state = real.follow(compiled)
+        return all(state.accept(t) for t in tokenizer.encode(text))
+
+    assert takes('{"name": "Paris", "country": "France"}')
+    assert not takes('{"country": "France"')  # not sorted by name
+    tag = {"type": "structural_tag", "format": {"type": "json_schema", "json_schema": schema}}
+    tagged = real.compile(SamplingParams(guided_structural_tag=tag)).result(timeout=60)
+    assert real.follow(tagged).accept(tokenizer.encode("{")[0])

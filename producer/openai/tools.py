@@ -1,15 +1,19 @@
-"""Tool calling through a prompt every chat model can follow, for the gateway and batches.
+"""Tools and tool_choice, for the gateway and batches: what they mean for the prompt,
+for decoding, and for reading the answer.
 
-Tools reach the model as a system message (the fallback prompt below), whatever its
-chat template does with tools; a reply that calls tools is one JSON object::
+A model whose chat template takes tools gets them through its template and calls them
+in its own format (``format``: hermes, llama3_json, mistral; ``tool_formats``). Any
+other model gets them as a system message (the fallback prompt below), and a reply that
+calls tools is one JSON object (``format`` ``json``)::
 
     {"tool_calls": [{"name": "<function>", "arguments": {...}}]}
 
-``tool_choice`` ``required`` or a named function constrains decoding to that shape,
-with each function's ``parameters`` as the arguments' schema, so the arguments always
-validate; ``auto`` leaves the model free and reads a reply of that shape as tool calls.
-Earlier assistant ``tool_calls`` and ``role: "tool"`` results go back into the
-conversation as text in the same shape, so multi-turn conversations work.
+``tool_choice`` ``required`` or a named function constrains decoding to calls in that
+format, with each function's ``parameters`` as the arguments' schema (strict ones as
+OpenAI's strict mode reads them), so the arguments always validate; ``auto`` leaves the
+model free and reads calls from its reply. In the fallback, earlier assistant
+``tool_calls`` and ``role: "tool"`` results go back into the conversation as text in
+the same shape, so multi-turn conversations work.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Any, Literal
 
 import orjson
 
-from shared.guided import UnsupportedSchema, check_json_schema
+from producer.openai.tool_formats import Format
+from producer.openai.tool_grammar import Think, calls_grammar
+from shared.guided import UnsupportedSchema, check_json_schema, closed_schema, strict_schema
 
 Mode = Literal["none", "auto", "required", "named"]
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -50,6 +56,12 @@ class Function:
     name: str
     description: str
     parameters: dict[str, Any]
+    strict: bool = False
+
+    def arguments_schema(self) -> dict[str, Any]:
+        """The schema calls are decoded to: strict as OpenAI reads it, else closed to
+        the declared properties where it is silent (as vLLM does)."""
+        return (strict_schema if self.strict else closed_schema)(self.parameters)
 
 
 @dataclass(frozen=True)
@@ -60,29 +72,59 @@ class ToolPlan:
     functions: tuple[Function, ...]
     named: str | None = None
     parallel: bool = True
+    format: Format = "json"
 
     @property
     def active(self) -> bool:
         return self.mode != "none" and bool(self.functions)
 
+    @property
+    def native(self) -> bool:
+        """The tools go through the model's chat template (else the fallback prompt)."""
+        return self.format != "json"
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("required", "named") and bool(self.functions)
+
+    def offered(self) -> list[Function]:
+        return [f for f in self.functions if self.named in (None, f.name)]
+
     def system_prompt(self) -> str:
         listed = [
             {"name": f.name, "description": f.description, "parameters": f.parameters}
-            for f in self.functions
-            if self.named in (None, f.name)
+            for f in self.offered()
         ]
         rule = RULES[self.mode].format(name=self.named)
         return TOOL_PROMPT.format(tools=orjson.dumps(listed).decode(), rule=rule)
 
-    def schema(self) -> dict[str, Any] | None:
-        """The guided_json schema for required / named choices; None for auto."""
-        if self.mode not in ("required", "named"):
+    def guide(self, think: Think | None = None) -> dict[str, Any] | None:
+        """The sampling field that forces calls for required / named choices (None for
+        auto): the fallback's guided_json, or a structural tag in the model's format
+        (after its reasoning, ``think``, when it has some)."""
+        if not self.forced:
             return None
-        calls = [_call_schema(f) for f in self.functions if self.named in (None, f.name)]
+        single = self.mode == "named" or not self.parallel
+        if self.format == "json":
+            return {"guided_json": self._fallback_schema(single)}
+        functions = [(f.name, f.arguments_schema()) for f in self.offered()]
+        return {"guided_structural_tag": calls_grammar(self.format, functions, not single, think)}
+
+    def _fallback_schema(self, single: bool) -> dict[str, Any]:
+        calls = [_call_schema(f) for f in self.offered()]
         array: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
-        if self.mode == "named" or not self.parallel:
+        if single:
             array["maxItems"] = 1
         return _object({"tool_calls": array})
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The functions as a chat template takes them (native tools, not ``none``)."""
+        if not (self.native and self.active):
+            return None
+        return [
+            {"name": f.name, "description": f.description, "parameters": f.parameters}
+            for f in self.functions
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data (a batch line keeps it until its result is rendered)."""
@@ -91,24 +133,30 @@ class ToolPlan:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ToolPlan:
         functions = tuple(Function(**f) for f in data["functions"])
-        return cls(data["mode"], functions, data.get("named"), bool(data.get("parallel", True)))
+        parallel = bool(data.get("parallel", True))
+        return cls(data["mode"], functions, data.get("named"), parallel, data.get("format", "json"))
 
 
 def plan_tools(
-    tools: Sequence[Mapping[str, Any]] | None, choice: object, parallel: bool | None = None
+    tools: Sequence[Mapping[str, Any]] | None,
+    choice: object,
+    parallel: bool | None = None,
+    fmt: Format = "json",
 ) -> ToolPlan:
-    """Validate OpenAI-shaped ``tools`` and ``tool_choice``; raises ToolError."""
+    """Validate OpenAI-shaped ``tools`` and ``tool_choice`` (for a model that writes
+    calls the ``fmt`` way); raises ToolError."""
     functions = tuple(_function(t, i) for i, t in enumerate(tools or ()))
     names = [f.name for f in functions]
     if len(set(names)) != len(names):
         raise ToolError("tools: function names must be unique", "tools")
     mode, named = _choice(choice, names)
-    return ToolPlan(mode, functions, named, parallel is not False)
+    return ToolPlan(mode, functions, named, parallel is not False, fmt)
 
 
-def with_tool_prompt(messages: list[dict[str, str]], plan: ToolPlan) -> list[dict[str, str]]:
-    """``messages`` with the tools' system prompt (appended to a leading system message)."""
-    if not plan.active:
+def with_tool_prompt(messages: list[dict[str, Any]], plan: ToolPlan) -> list[dict[str, Any]]:
+    """``messages`` with the fallback prompt (appended to a leading system message), for a
+    model whose template does not take tools."""
+    if not plan.active or plan.native:
         return messages
     prompt = plan.system_prompt()
     if messages and messages[0]["role"] == "system":
@@ -122,47 +170,23 @@ def calls_as_text(tool_calls: Sequence[Mapping[str, Any]]) -> str:
     calls = []
     for call in tool_calls:
         function = call.get("function") or {}
-        try:
-            arguments = orjson.loads(function.get("arguments") or "{}")
-        except orjson.JSONDecodeError:
-            arguments = function.get("arguments")
+        arguments = parsed_arguments(function.get("arguments") or "{}")
         calls.append({"name": function.get("name"), "arguments": arguments})
     return orjson.dumps({"tool_calls": calls}).decode()
 
 
+def parsed_arguments(arguments: str) -> dict[str, Any] | str:
+    """A call's arguments as an object (chat templates write them as JSON); the text
+    itself when it is not a JSON object."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
 def tool_result_text(content: str, tool_call_id: str | None) -> str:
     return f"Result of tool call {tool_call_id}: {content}" if tool_call_id else content
-
-
-def parse_tool_calls(text: str, plan: ToolPlan, call_id_prefix: str) -> list[dict[str, Any]] | None:
-    """OpenAI ``tool_calls`` from a reply, or None when it is not a call of known tools."""
-    stripped = text.strip()
-    if not plan.active or not stripped.startswith("{"):
-        return None
-    try:
-        data = orjson.loads(stripped)
-    except orjson.JSONDecodeError:
-        return None
-    calls = data.get("tool_calls") if isinstance(data, dict) else None
-    known = {f.name for f in plan.functions}
-    if not isinstance(calls, list) or not calls or not all(_is_call(c, known) for c in calls):
-        return None
-    return [
-        {
-            "id": f"call_{call_id_prefix}_{i}",
-            "type": "function",
-            "function": {"name": c["name"], "arguments": orjson.dumps(c["arguments"]).decode()},
-        }
-        for i, c in enumerate(calls)
-    ]
-
-
-def _is_call(call: object, known: set[str]) -> bool:
-    return (
-        isinstance(call, dict)
-        and call.get("name") in known
-        and isinstance(call.get("arguments"), dict)
-    )
 
 
 def _function(tool: Mapping[str, Any], index: int) -> Function:
@@ -181,7 +205,8 @@ def _function(tool: Mapping[str, Any], index: int) -> Function:
     except UnsupportedSchema as e:
         param = f"{where}.function.parameters"
         raise ToolError(f"{param}: {e}", param) from e
-    return Function(name, str(function.get("description") or ""), dict(parameters))
+    strict = function.get("strict") is True
+    return Function(name, str(function.get("description") or ""), dict(parameters), strict)
 
 
 def _choice(choice: object, names: list[str]) -> tuple[Mode, str | None]:
@@ -201,7 +226,7 @@ def _choice(choice: object, names: list[str]) -> tuple[Mode, str | None]:
 
 
 def _call_schema(function: Function) -> dict[str, Any]:
-    return _object({"name": {"const": function.name}, "arguments": function.parameters})
+    return _object({"name": {"const": function.name}, "arguments": function.arguments_schema()})
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:

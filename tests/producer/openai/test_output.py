@@ -5,9 +5,10 @@ from __future__ import annotations
 import orjson
 
 from producer.gateway.entries import Entry, parse_entry
-from producer.gateway.openai_output import Renderer, chat_completion, failure, stream_end
-from producer.gateway.openai_schemas import ChatCompletionChunk, Completion
-from producer.tools import plan_tools
+from producer.openai.output import Renderer, chat_completion, failure, stream_end
+from producer.openai.output import completion as whole_completion
+from producer.openai.responses import ChatCompletionChunk, Completion
+from producer.openai.tools import plan_tools
 from shared.models import FinalEvent, FinishReason, TokenEvent, Usage, dumps
 
 FINAL = FinalEvent(
@@ -18,7 +19,10 @@ FINAL = FinalEvent(
 def _token(i: int, logprobs: bool = False, text: str | None = None) -> Entry:
     lp = ({"token_id": i, "logprob": -0.1, "top": [{"token_id": 9, "logprob": -2.0}]},)
     event = TokenEvent(
-        index=i, token_ids=(i,), text=text or f"w{i}", logprobs=lp if logprobs else None
+        index=i,
+        token_ids=(i,),
+        text=f"w{i}" if text is None else text,
+        logprobs=lp if logprobs else None,
     )
     return parse_entry(f"{i}-0", {"e": dumps(event)})
 
@@ -32,7 +36,7 @@ def test_chat_chunks_validate_and_end_with_usage_then_done() -> None:
     final = parse_entry("9-0", {"e": dumps(FINAL)})
     rendered, seen_final = r.render([_token(0, True), final])
     assert seen_final == FINAL
-    frames = r.first_chunk() + rendered + stream_end(r, [FINAL])
+    frames = r.first_chunk() + rendered + stream_end([r], [FINAL])
     payloads = _payloads(frames)
     assert payloads[-1] == "[DONE]"
     chunks = [ChatCompletionChunk.model_validate_json(p) for p in payloads[:-1]]
@@ -54,7 +58,7 @@ def test_text_chunks_carry_offsets_and_the_whole_completion_agrees() -> None:
     whole = Renderer("text", "abc", "m")
     whole.add(_token(0, True))
     whole.add(_token(1, True))
-    completion = whole.completion(FINAL, want_logprobs=True)
+    completion = whole_completion([whole], [FINAL], want_logprobs=True)
     assert completion.choices[0].text == "w0w1"
     assert completion.choices[0].logprobs is not None
     assert completion.choices[0].logprobs.tokens == ["w0", "w1"]
@@ -64,7 +68,7 @@ def test_text_chunks_carry_offsets_and_the_whole_completion_agrees() -> None:
 def test_an_error_final_in_a_stream_sends_an_error_object_before_done() -> None:
     r = Renderer("chat", "abc", "m")
     broken = FinalEvent(finish_reason=FinishReason.ERROR, error="CUDA fell over")
-    payloads = _payloads(r.final_chunks(broken) + stream_end(r, [broken]))
+    payloads = _payloads(r.final_chunks(broken) + stream_end([r], [broken]))
     assert orjson.loads(payloads[1])["error"]["code"] == "generation_failed"
     assert payloads[-1] == "[DONE]"
 
@@ -93,11 +97,11 @@ STOP = FinalEvent(
 )
 
 
-def test_a_streamed_tool_call_comes_as_one_tool_calls_delta() -> None:
+def test_a_streamed_tool_call_comes_as_one_tool_calls_delta_once_complete() -> None:
     r = Renderer("chat", "abc", "m", tools=plan_tools(WEATHER, "auto"))
-    held = r.token_chunk(_token(0, text=CALL[0])) + r.token_chunk(_token(1, text=CALL[1]))
-    assert held == b""  # an auto reply that may be a call is held until it ends
-    chunks = [ChatCompletionChunk.model_validate_json(p) for p in _payloads(r.final_chunks(STOP))]
+    assert r.token_chunk(_token(0, text=CALL[0])) == b""  # it may be a call: held
+    frames = r.token_chunk(_token(1, text=CALL[1])) + r.final_chunks(STOP)
+    chunks = [ChatCompletionChunk.model_validate_json(p) for p in _payloads(frames)]
     calls = chunks[0].choices[0].delta.tool_calls
     assert calls is not None and [c.index for c in calls] == [0]
     assert (calls[0].function.name, calls[0].function.arguments) == ("weather", '{"city":"Oslo"}')
@@ -125,3 +129,11 @@ def test_n_choices_make_one_completion_with_indexes_and_summed_usage() -> None:
     assert first.finish_reason == "stop"  # as OpenAI answers a named tool_choice
     assert second.message.content == "not a call" and second.message.tool_calls is None
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (5, 4)
+
+
+def test_logprobs_of_tokens_with_no_text_still_come_in_the_stream() -> None:
+    r = Renderer("chat", "abc", "m")
+    frames = r.token_chunk(_token(0, True, text="")) + r.final_chunks(STOP)
+    chunks = [ChatCompletionChunk.model_validate_json(p) for p in _payloads(frames)]
+    sent = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert len(sent) == 1 and sent[0].content is not None and len(sent[0].content) == 1

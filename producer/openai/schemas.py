@@ -112,6 +112,9 @@ class ChatMessageIn(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    # An earlier answer's reasoning, as clients send it back; templates leave it out.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class JsonSchemaFormat(BaseModel):
@@ -158,120 +161,19 @@ class ChatCompletionRequest(GenerationBody):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="variables for the model's chat template, e.g. {'enable_thinking': false}"
+    )
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        None, description="passed to the chat template as reasoning_effort (gpt-oss reads it)"
+    )
 
 
 class CompletionRequest(GenerationBody):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text, a list of token ids, or a list of either (one completion each)"
+    )
     logprobs: int | None = _sampled("logprobs")
     echo: bool = Field(False, json_schema_extra={"enum": [False]})
     best_of: int | None = None
     suffix: str | None = None
-
-
-class CompletionUsage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class TopLogprob(BaseModel):
-    token: str = Field(description="the token's text, or token_id:<id> when not known alone")
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[TokenLogprob] | None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda calls: calls is None)
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str = Field(
-        description="stop, length, tool_calls, or tokenq's timeout / cancelled"
-    )
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: CompletionUsage
-
-
-class ToolCallDelta(ToolCall):
-    index: int
-
-
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: CompletionUsage | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
-    text_offset: list[int]
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class Completion(BaseModel):
-    """A completion, and (with ``object`` the same) one chunk of a streamed one."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: CompletionUsage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "tokenq"
-    num_workers: int = Field(description="tokenq: live workers serving it")
-    parent: str | None = Field(None, description="a LoRA adapter's base model")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

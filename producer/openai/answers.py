@@ -1,0 +1,85 @@
+"""The parts of OpenAI answers that do not depend on one choice: SSE frames, usage, and
+logprobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from producer.openai.responses import (
+    CompletionLogprobs,
+    CompletionTokensDetails,
+    CompletionUsage,
+    TokenLogprob,
+    TopLogprob,
+)
+from shared.models import FinalEvent, TokenEvent
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_data(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def total_usage(
+    finals: Sequence[FinalEvent],
+    prompt_indexes: Sequence[int] = (),
+    reasoning_tokens: Sequence[int | None] = (),
+) -> CompletionUsage:
+    """Each prompt counted once (choice i's prompt is ``prompt_indexes[i]``, 0 when not
+    given: n choices share one), the completions summed, and the reasoning tokens of
+    the choices that counted them."""
+    prompts: dict[int, int] = {}
+    for i, final in enumerate(finals):
+        index = prompt_indexes[i] if prompt_indexes else 0
+        prompts.setdefault(index, final.usage.prompt_tokens)
+    prompt_tokens = sum(prompts.values())
+    completion_tokens = sum(f.usage.completion_tokens for f in finals)
+    counted = [n for n in reasoning_tokens if n is not None]
+    details = CompletionTokensDetails(reasoning_tokens=sum(counted)) if counted else None
+    return CompletionUsage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        completion_tokens_details=details,
+    )
+
+
+def text_logprobs(entries: list[TokenLogprob], offsets: list[int]) -> CompletionLogprobs:
+    # Offsets are per event; when an event holds several tokens they share its offset.
+    offsets = (offsets + [offsets[-1] if offsets else 0] * len(entries))[: len(entries)]
+    return CompletionLogprobs(
+        tokens=[e.token for e in entries],
+        token_logprobs=[e.logprob for e in entries],
+        top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
+        text_offset=offsets,
+    )
+
+
+def token_logprobs(event: TokenEvent) -> list[TokenLogprob]:
+    """The event's per-token logprobs, step by step when it is a coalesced one."""
+    return [logprob for step in event.split() for logprob in _step_logprobs(step)]
+
+
+def _step_logprobs(event: TokenEvent) -> list[TokenLogprob]:
+    """A step's per-token logprobs; a token's text is known alone only when the step
+    produced one token, else it reads ``token_id:<id>`` (as vLLM's option does)."""
+    single = len(event.token_ids) == 1
+
+    def name(token_id: int) -> str:
+        return event.text if single and token_id == event.token_ids[0] else f"token_id:{token_id}"
+
+    return [
+        TokenLogprob(
+            token=name(int(e["token_id"])),
+            logprob=float(e["logprob"]),
+            top_logprobs=[
+                TopLogprob(token=name(int(t["token_id"])), logprob=t["logprob"])
+                for t in e.get("top", ())
+            ],
+        )
+        for e in event.logprobs or ()
+    ]
