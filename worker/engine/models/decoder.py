@@ -148,7 +148,8 @@ class DecoderModel:
         self.embed_weight: torch.Tensor = inner.embed_tokens.weight
         scale = family.embed_scale(config)
         dtype = self.embed_weight.dtype
-        self.embed_scale = None if scale == 1.0 else torch.tensor(scale, dtype=dtype)
+        device = self.embed_weight.device  # made here: a CUDA graph cannot copy it in
+        self.embed_scale = None if scale == 1.0 else torch.tensor(scale, dtype=dtype, device=device)
         self.norm = RMSNorm(inner.norm, family.norm_offset)
         self.lm_head = Projection.of(model.get_output_embeddings())
         self.logit_divisor = family.float_option(config, family.logit_divisor)
@@ -159,7 +160,7 @@ class DecoderModel:
         of the ``pool_index`` rows."""
         x = functional.embedding(batch.input_ids, self.embed_weight)
         if self.embed_scale is not None:
-            x = x * self.embed_scale.to(x.device)
+            x = x * self.embed_scale
         ropes = self.rotary(batch.positions, batch.rope_lens, x.dtype)
         for index, layer in enumerate(self.layers):
             x = layer(index, x, ropes, batch)

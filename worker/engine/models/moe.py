@@ -60,7 +60,9 @@ class SparseMoe:
         flat = chosen.flatten()
         order = flat.argsort(stable=True)
         rows = order // self.top_k  # the token of each (token, expert) pair, by expert
-        offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+        # Counted by scatter, not bincount, whose output size needs a host sync on CUDA.
+        counts = flat.new_zeros(self.num_experts).index_add_(0, flat, torch.ones_like(flat))
+        offsets = counts.cumsum(0).to(torch.int32)
         experts = flat[order]
         gate_up = _plus(
             torch._grouped_mm(x[rows], self.gate_up, offs=offsets), self.gate_up_bias, experts
