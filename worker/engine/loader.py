@@ -14,7 +14,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -166,9 +166,3 @@ def check_dequantized(name: str, model: Any) -> None:
                     f"model {name}: {where} ({param.dtype}) is still quantized after loading; "
                     "its scales would be dropped, so it is not served"
                 )
-
-
-def describe(loaded: LoadedModel) -> str:
-    config = cast(Any, loaded.model.config).get_text_config()
-    family = loaded.family.name if loaded.family else "no description"
-    return f"{config.model_type} ({family})"
