@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shared.models import SamplingParams
 from shared.priority import Priority, parse_priority
 from worker.engine import Engine, EngineConfig, EngineRequest
-from worker.engine.cuda_graphs import PagedInputs
 from worker.engine.outputs import ScheduledSeq
 from worker.engine.request import Sequence
+from worker.engine.step_inputs import StepInputs
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
@@ -168,17 +168,7 @@ def graph_ceiling(engine: Engine, batch_size: int, context: int = 128, steps: in
     if graphs is None:
         raise RuntimeError("the graph ceiling needs a CUDA engine with graphs captured")
     size = engine.kv_cache.block_size
-    num_blocks = -(-context // size)
-    inputs = PagedInputs()
-    for row in range(batch_size):
-        table = list(range(row * num_blocks, (row + 1) * num_blocks))
-        pos = context - 1
-        inputs.token_ids.append(100 + row)
-        inputs.positions.append(pos)
-        inputs.slot_mapping.append(table[pos // size] * size + pos % size)
-        inputs.token_row.append(row)
-        inputs.tables.append(table)
-        inputs.sample_index.append(row)
+    inputs = StepInputs.build(_decode_rows(batch_size, context, size), size)
     with torch.inference_mode():
         graphs.run(inputs)  # loads the static buffers
     graph = graphs.graphs[next(s for s in graphs.sizes if s >= batch_size)]
@@ -235,21 +225,28 @@ def forward_ceiling(engine: Engine, batch_size: int, context: int = 128, steps: 
     runs after the engine's runs."""
     runner = engine.runner
     num_blocks = -(-context // runner.block_size)
+    inputs = runner.prepare(_decode_rows(batch_size, context, runner.block_size))
+    for cache in (*runner.key_cache, *runner.value_cache):
+        cache[: batch_size * num_blocks * runner.block_size].zero_()
+    with torch.inference_mode():
+        runner.forward(inputs)
+        start = time.perf_counter()
+        for _ in range(steps):
+            runner.forward(inputs)
+        return batch_size * steps / (time.perf_counter() - start)
+
+
+def _decode_rows(batch_size: int, context: int, block_size: int) -> list[ScheduledSeq]:
+    """A decode step of ``batch_size`` rows at ``context`` tokens, each on blocks of its
+    own from the first of the pool."""
+    num_blocks = -(-context // block_size)
     scheduled = []
     for row in range(batch_size):
         req = EngineRequest(f"c{row}", [100 + row] * context, SamplingParams(max_tokens=1), 0, 0.0)
         seq = Sequence.from_request(req, row)
         seq.block_table = list(range(row * num_blocks, (row + 1) * num_blocks))
         scheduled.append(ScheduledSeq(seq, context - 1, 1, sample=True))
-    for cache in (*runner.key_cache, *runner.value_cache):
-        cache[: batch_size * num_blocks * runner.block_size].zero_()
-    with torch.inference_mode():
-        step = runner._prepare(scheduled)
-        runner._forward(step)
-        start = time.perf_counter()
-        for _ in range(steps):
-            runner._forward(step)
-        return batch_size * steps / (time.perf_counter() - start)
+    return scheduled
 
 
 def synchronize(model: Any) -> None:

@@ -54,6 +54,20 @@ def worker(
     enforce_eager: Annotated[
         bool, typer.Option(help="on CUDA, run every step eagerly (no CUDA graphs)")
     ] = False,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(help="most tokens one request may hold (default: the model's context)"),
+    ] = None,
+    self_check: Annotated[
+        bool,
+        typer.Option(
+            help="at start-up, compare the engine's logits with transformers' and refuse "
+            "to serve a model that differs"
+        ),
+    ] = True,
+    trust_remote_code: Annotated[
+        bool, typer.Option(help="let the model run code from its own repository")
+    ] = False,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
@@ -73,6 +87,9 @@ def worker(
         max_lora_rank=max_lora_rank,
         burst=burst,
         enforce_eager=enforce_eager,
+        max_model_len=max_model_len,
+        self_check=self_check,
+        trust_remote_code=trust_remote_code,
     )
     try:
         config = engine_config(opts)

@@ -45,6 +45,9 @@ class WorkerOptions:
     max_lora_rank: int = 16
     burst: bool = False
     enforce_eager: bool = False
+    max_model_len: int | None = None
+    self_check: bool = True
+    trust_remote_code: bool = False
 
 
 def new_worker_id() -> str:
@@ -66,6 +69,9 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
         enforce_eager=opts.enforce_eager,
         max_loras=opts.max_loras,
         max_lora_rank=opts.max_lora_rank,
+        max_model_len=opts.max_model_len,
+        self_check=opts.self_check,
+        trust_remote_code=opts.trust_remote_code,
     )
     if opts.max_num_seqs is not None:
         config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again

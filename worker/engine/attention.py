@@ -1,35 +1,30 @@
-"""Attention over the engine's own KV cache, plugged into transformers models.
+"""Attention over the engine's paged KV cache: one backend per device.
 
-A step flattens every scheduled token into one sequence (batch 1) with explicit
-position ids, so the linear layers see one dense matrix. transformers calls
-:func:`tokenq_attention` in each layer with a :class:`StepBatch` passed through
-the forward kwargs; it writes the new keys and values into the paged cache, then
-runs single-token (decode) rows as a few padded SDPAs over their contexts (rows of
-similar length together), gathered from their blocks, and each multi-token
-(prefill) chunk as its own causal SDPA.
+A step flattens every scheduled token into one sequence with explicit positions, so
+the linear layers see one dense matrix; each layer then calls ``step.attend``, which
+writes the new keys and values into the cache and attends each token to its own
+sequence's context, under the layer's :class:`AttentionSpec` (scale, sliding window,
+logit soft-cap, per-head sinks).
 
-Gathering into SDPA was chosen by measurement on the CPU. The gather copies each
-decode row's context once per layer: for 64 rows of 170 tokens of SmolLM2-135M,
-about 2 ms a layer on one core against SDPA's own 1.7 ms, which leaves the engine's
-throughput on mixed32 where the per-slot cache had it (72.6 and 98.8 tok/s against
-73.3 and 84.8, interleaved runs on one thread), since a step's linear layers
-dominate. A prefill chunk at its sequence's start reads its own new keys and values
-and gathers nothing. Every index is a tensor built once per step (slot mapping,
-per-row context slots).
+- On the CPU, :class:`CpuStep` (``worker.engine.cpu_attention``) gathers each decode
+  row's context from its blocks into a few padded SDPAs (rows of similar length
+  together) and runs each prefill chunk as its own SDPA; a sliding-window layer
+  gathers only its window.
+- On CUDA, :class:`PagedStep` runs one Triton kernel (``worker.engine.paged_attention``)
+  that reads every token's context through its block table, decode rows and prefill
+  chunks alike, so a whole step has fixed shapes and replays as a CUDA graph.
 
-On CUDA the fused forward passes a :class:`PagedStep` instead: one Triton kernel
-(``worker.engine.paged_attention``) reads every token's context through its block
-table, for decode rows and prefill chunks alike, so a whole step has fixed shapes
-and runs as a captured CUDA graph.
+Blocks wholly outside every layer's window are not freed early: a model with full
+attention layers beside its sliding ones (most of them) needs every block anyway,
+and the prefix cache keys blocks by the whole prefix before them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from torch.nn import functional
 from transformers import AttentionInterface
 
 from worker.engine.paged_attention import paged_attention
@@ -37,67 +32,33 @@ from worker.engine.paged_attention import paged_attention
 ATTN_IMPLEMENTATION = "tokenq"
 
 
-@dataclass
-class PrefillChunk:
-    """A multi-token chunk of one sequence: tokens ``token_start:token_end`` of the
-    step, at positions from ``start_pos``. Past the start of its sequence it reads
-    its context from the cache (``context_slots``, with ``mask`` for causality);
-    at the start, only its own new keys and values."""
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How one layer attends: ``scale`` on the scores; a token sees the ``window``
+    latest positions up to its own (None: all of them); scores are soft-capped as
+    ``softcap * tanh(score / softcap)``; ``sinks`` (one logit per query head) join
+    each softmax's denominator and take no value."""
 
-    token_start: int
-    token_end: int
-    start_pos: int
-    context_slots: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
 
-
-@dataclass
-class DecodeGroup:
-    """Decode rows of similar context length, run as one padded SDPA: the step's
-    tokens ``token_index`` read their contexts through ``slots`` (``[rows, context]``,
-    padded with an always-zero slot) under ``mask``."""
-
-    token_index: torch.Tensor
-    slots: torch.Tensor
-    mask: torch.Tensor
+    @property
+    def plain(self) -> bool:
+        """Whether SDPA computes it (it has no soft-cap and no sinks)."""
+        return self.softcap is None and self.sinks is None
 
 
-# A decode group's rows are at least this share of its longest row's context, and a
-# step has at most MAX_DECODE_GROUPS (each costs a gather and an SDPA a layer).
-GROUP_SHARE = 0.6
-MAX_DECODE_GROUPS = 4
+class AttentionStep(Protocol):
+    """A step's attention metadata on one device's backend."""
 
-
-def group_by_length(context_lens: list[int]) -> list[list[int]]:
-    """Decode rows (indices into ``context_lens``) in groups of similar length, longest
-    first: padding every row to the step's longest context would gather and attend
-    over that much padding in every layer."""
-    order = sorted(range(len(context_lens)), key=lambda r: -context_lens[r])
-    groups: list[list[int]] = []
-    for row in order:
-        last = len(groups) == MAX_DECODE_GROUPS
-        if groups and (last or context_lens[row] >= GROUP_SHARE * context_lens[groups[-1][0]]):
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-    return groups
-
-
-@dataclass
-class StepBatch:
-    """Where this step's tokens go in the cache and what each may attend to.
-
-    The caches are one pool per layer, ``[slots, kv_heads, head_dim]``, a slot per
-    token (block ``b`` holds slots ``b * block_size`` on). ``slot_mapping`` is
-    where each new token's key and value go. Decode rows come in groups of similar
-    context length, so that a short row is not padded to the longest one.
-    """
-
-    key_cache: list[torch.Tensor]
-    value_cache: list[torch.Tensor]
-    slot_mapping: torch.Tensor
-    decode_groups: list[DecodeGroup]
-    prefills: list[PrefillChunk]
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
+    ) -> torch.Tensor:
+        """``q`` ``[tokens, heads, dim]``, ``k`` and ``v`` ``[tokens, kv_heads, dim]``;
+        returns ``[tokens, heads, dim]``."""
+        ...
 
 
 @dataclass
@@ -114,6 +75,38 @@ class PagedStep:
     token_pos: torch.Tensor
     block_size: int
 
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
+    ) -> torch.Tensor:
+        k_cache, v_cache = write_kv(self.key_cache[layer], self.value_cache[layer], self, k, v)
+        return paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            self.block_tables,
+            self.token_row,
+            self.token_pos,
+            spec.scale,
+            self.block_size,
+            window=spec.window or 0,
+            softcap=spec.softcap or 0.0,
+            sinks=spec.sinks,
+        )
+
+
+class _HasSlots(Protocol):
+    slot_mapping: torch.Tensor
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, step: _HasSlots, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new keys and values into their slots, before anything reads the cache: a
+    chunk reading a block another row of this step writes sees its new contents."""
+    k_cache.index_copy_(0, step.slot_mapping, k)
+    v_cache.index_copy_(0, step.slot_mapping, v)
+    return k_cache, v_cache
+
 
 def tokenq_attention(
     module: torch.nn.Module,
@@ -122,116 +115,56 @@ def tokenq_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
-    tokenq_batch: StepBatch | None = None,
+    tokenq_step: AttentionStep | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The transformers attention interface: ``query`` is ``[1, heads, tokens, dim]``;
-    returns ``[1, tokens, heads, dim]``."""
-    if tokenq_batch is None:
+    """The transformers attention interface, for models run through transformers' own
+    forward (the fallback for families without a description): ``query`` is
+    ``[1, heads, tokens, dim]``; returns ``[1, tokens, heads, dim]``. Options it
+    does not know are refused rather than ignored."""
+    if tokenq_step is None:
         raise RuntimeError("tokenq attention runs only inside the tokenq engine")
-    layer = int(getattr(module, "layer_idx", 0))
-    out = attend(
-        layer,
+    spec = spec_from_kwargs(scaling or query.shape[-1] ** -0.5, kwargs)
+    out = tokenq_step.attend(
+        int(getattr(module, "layer_idx", 0)),
         query[0].transpose(0, 1),
         key[0].transpose(0, 1),
         value[0].transpose(0, 1),
-        tokenq_batch,
-        scaling,
+        spec,
     )
     return out.unsqueeze(0), None
 
 
-def attend(
-    layer: int,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    batch: StepBatch | PagedStep,
-    scaling: float | None,
-) -> torch.Tensor:
-    """Token-major attention: ``q`` is ``[tokens, heads, dim]``, ``k`` and ``v``
-    ``[tokens, kv_heads, dim]``; writes ``k`` and ``v`` to the cache first, so that
-    a chunk reading a block another row of this step writes sees its new contents."""
-    k_cache, v_cache = batch.key_cache[layer], batch.value_cache[layer]
-    k_cache.index_copy_(0, batch.slot_mapping, k)
-    v_cache.index_copy_(0, batch.slot_mapping, v)
-    if isinstance(batch, PagedStep):
-        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-        return paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            batch.block_tables,
-            batch.token_row,
-            batch.token_pos,
-            scale,
-            batch.block_size,
-        )
-    out = torch.empty_like(q)
-    for group in batch.decode_groups:
-        out[group.token_index] = _decode(q, k_cache, v_cache, group, scaling)
-    for chunk in batch.prefills:
-        out[chunk.token_start : chunk.token_end] = _prefill(
-            q, k, v, k_cache, v_cache, chunk, scaling
-        )
-    return out
+# What transformers passes an attention function that changes nothing here.
+IGNORED_KWARGS = frozenset(
+    {
+        "dropout",
+        "position_ids",
+        "cache_position",
+        "is_causal",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "return_dict",
+    }
+)
 
 
-def _decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    group: DecodeGroup,
-    scaling: float | None,
-) -> torch.Tensor:
-    """Decode rows: one query per sequence against its context, gathered from its
-    blocks into one padded SDPA.
-
-    Query heads sharing a KV head become that head's query rows, so grouped-query
-    attention needs no repeated keys.
-    """
-    num_rows, context_len = group.slots.shape
-    num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
-    rows = q[group.token_index].view(num_rows, num_kv_heads, -1, head_dim)
-    slots = group.slots.view(-1)
-    keys = k_cache.index_select(0, slots).view(num_rows, context_len, num_kv_heads, head_dim)
-    values = v_cache.index_select(0, slots).view(num_rows, context_len, num_kv_heads, head_dim)
-    attn = functional.scaled_dot_product_attention(
-        rows,
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=group.mask,
-        scale=scaling,
+def spec_from_kwargs(scale: float, kwargs: dict[str, Any]) -> AttentionSpec:
+    """The spec transformers asks an attention function for; an option the engine
+    cannot honour raises :class:`ValueError` naming it."""
+    unknown = {k for k, v in kwargs.items() if v is not None and k not in IGNORED_KWARGS}
+    unknown -= {"sliding_window", "softcap", "s_aux"}
+    if unknown:
+        raise ValueError(f"attention option(s) {', '.join(sorted(unknown))} not supported")
+    sinks = kwargs.get("s_aux")
+    return AttentionSpec(
+        scale,
+        kwargs.get("sliding_window"),
+        kwargs.get("softcap"),
+        None if sinks is None else sinks.detach().float(),
     )
-    return attn.reshape(num_rows, -1, head_dim)
-
-
-def _prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    chunk: PrefillChunk,
-    scaling: float | None,
-) -> torch.Tensor:
-    query = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
-    if chunk.context_slots is None:
-        keys = k[chunk.token_start : chunk.token_end]
-        values = v[chunk.token_start : chunk.token_end]
-    else:
-        keys = k_cache.index_select(0, chunk.context_slots)
-        values = v_cache.index_select(0, chunk.context_slots)
-    attn = functional.scaled_dot_product_attention(
-        query,
-        keys.transpose(0, 1).unsqueeze(0),
-        values.transpose(0, 1).unsqueeze(0),
-        attn_mask=chunk.mask,
-        is_causal=chunk.mask is None,
-        scale=scaling,
-        enable_gqa=True,
-    )
-    return attn[0].transpose(0, 1)
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, tokenq_attention)

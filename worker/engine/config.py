@@ -21,7 +21,9 @@ class EngineConfig:
     step's token budget limits it). With ``enable_aging``, a waiting request gains
     one priority point every ``aging_interval_s`` seconds (up to the top level), so
     low priority is never starved forever; it is off by default so that priority
-    stays strict. ``fuse_layers`` runs Llama-shaped models through a fused forward.
+    stays strict. ``fuse_layers`` runs a model of a described family
+    (``worker.engine.models``) through the fused forward; off, through transformers'
+    own (which must then pass the self-check).
     A waiting request of ``ttft_priority`` or more (default: critical) gets its
     prefill in a short step of its own while the engine is busy, so its first token
     does not wait for a whole batch of decodes (``None`` turns this off).
@@ -33,6 +35,13 @@ class EngineConfig:
     a captured CUDA graph (one per token-count bucket) unless ``enforce_eager``.
     Up to ``max_loras`` LoRA adapters of rank up to ``max_lora_rank`` are resident
     at once (0: none served).
+
+    ``max_model_len`` caps the tokens one request may hold (default: the model's
+    ``max_position_embeddings``). ``trust_remote_code`` lets a model run code from
+    its own repository. With ``self_check`` (on by default), the engine compares its
+    logits on a short probe with transformers' own forward at start-up and refuses
+    to serve a model whose logits differ beyond the dtype's tolerance
+    (``worker.engine.self_check``).
 
     ``max_num_seqs``, ``max_num_batched_tokens`` and ``kv_cache_share`` left at
     ``None`` take the device's defaults: a small CPU box (64 rows, 512 tokens a
@@ -62,6 +71,8 @@ class EngineConfig:
     enforce_eager: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    trust_remote_code: bool = False
+    self_check: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:

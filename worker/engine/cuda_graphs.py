@@ -1,100 +1,49 @@
-"""A step's forward on CUDA: flattened inputs for the paged kernel, and the forward
-captured as CUDA graphs.
+"""A step on CUDA: the paged backend, and the model's forward captured as CUDA graphs.
 
 A step is every scheduled token laid end to end (decode rows and prefill chunks
 alike), so its shape is only its number of tokens. :class:`StepGraphs` captures the
-fused forward once per token-count bucket (1, 2, 4, 8, then steps of 16, 32, 64 and
-128 up to the step budget) over static input buffers; a step copies its inputs in,
-pads to its bucket and replays. Padding tokens sit at position -1 (attention reads
-nothing for them) and write their keys and values to a scratch slot that no block
-holds, so they change nothing. Replaying one graph replaces the thousand-odd kernel
-launches of an eager forward, whose Python and launch cost, not the GPU, bounded a
-step on small models.
+forward once per token-count bucket (1, 2, 4, 8, then steps of 16, 32, 64 and 128 up
+to the step budget) over static input buffers; a step copies its inputs in, pads to
+its bucket and replays. Padding tokens sit at position -1 (attention reads nothing
+for them) and write their keys and values to a scratch slot that no block holds, so
+they change nothing. Replaying one graph replaces the thousand-odd kernel launches
+of an eager forward, whose Python and launch cost, not the GPU, bounded a step on
+small models. The forward is the same one an eager step runs, for every family.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from worker.engine.attention import PagedStep
-from worker.engine.outputs import ScheduledSeq
+from worker.engine.models.decoder import ForwardBatch
+from worker.engine.step_inputs import StepInputs
 
-# The fused forward: input ids, positions, step, logits index -> logits, (no) pooled.
-Forward = Callable[
-    [torch.Tensor, torch.Tensor, PagedStep, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]
-]
+Forward = Callable[[ForwardBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
 
-@dataclass
-class PagedInputs:
-    """A step's inputs on the host, one entry per token (rows: one per scheduled item)."""
+class PagedBackend:
+    """Builds each eager step's :class:`PagedStep` from its host inputs."""
 
-    token_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slot_mapping: list[int] = field(default_factory=list)
-    token_row: list[int] = field(default_factory=list)
-    tables: list[list[int]] = field(default_factory=list)
-    sample_index: list[int] = field(default_factory=list)
-    pool_index: list[int] = field(default_factory=list)
-    pool_lengths: list[int] = field(default_factory=list)
+    def __init__(
+        self, key_cache: list[torch.Tensor], value_cache: list[torch.Tensor], block_size: int
+    ) -> None:
+        self.key_cache, self.value_cache = key_cache, value_cache
+        self.block_size = block_size
+        self.device = key_cache[0].device
 
-    @classmethod
-    def build(cls, scheduled: list[ScheduledSeq], block_size: int) -> PagedInputs:
-        inputs = cls()
-        for row, item in enumerate(scheduled):
-            inputs._add(row, item, block_size)
-        return inputs
-
-    def _add(self, row: int, item: ScheduledSeq, size: int) -> None:
-        start = len(self.token_ids)
-        end = start + item.num_tokens
-        positions = range(item.start_pos, item.start_pos + item.num_tokens)
-        table = item.block_table
-        self.token_ids.extend(item.seq.token_ids[item.start_pos : item.start_pos + item.num_tokens])
-        self.positions.extend(positions)
-        self.slot_mapping.extend(table[pos // size] * size + pos % size for pos in positions)
-        self.token_row.extend([row] * item.num_tokens)
-        self.tables.append(table)
-        if item.sample:
-            self.sample_index.append(end - 1)
-        if item.pool:
-            self.pool_index.extend(range(start, end))
-            self.pool_lengths.append(item.num_tokens)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    def padded_tables(self) -> torch.Tensor:
-        """Int32 ``[rows, longest table]``, zero-padded (never read past a context)."""
-        width = max(len(t) for t in self.tables)
-        flat: list[int] = []
-        for table in self.tables:
-            flat.extend(table)
-            flat.extend([0] * (width - len(table)))
-        return torch.tensor(flat, dtype=torch.int32).view(len(self.tables), width)
-
-    def to_step(
-        self,
-        key_cache: list[torch.Tensor],
-        value_cache: list[torch.Tensor],
-        block_size: int,
-        device: torch.device,
-    ) -> tuple[torch.Tensor, torch.Tensor, PagedStep]:
-        """Input ids, positions and the paged step, as fresh tensors (an eager step)."""
-        step = PagedStep(
-            key_cache,
-            value_cache,
-            _long(self.slot_mapping, device),
-            self.padded_tables().to(device),
-            torch.tensor(self.token_row, dtype=torch.int32, device=device),
-            torch.tensor(self.positions, dtype=torch.int32, device=device),
-            block_size,
+    def step(self, inputs: StepInputs) -> PagedStep:
+        return PagedStep(
+            self.key_cache,
+            self.value_cache,
+            torch.tensor(inputs.slot_mapping, dtype=torch.long, device=self.device),
+            inputs.padded_tables().to(self.device),
+            torch.tensor(inputs.token_row, dtype=torch.int32, device=self.device),
+            torch.tensor(inputs.positions, dtype=torch.int32, device=self.device),
+            self.block_size,
         )
-        return _long(self.token_ids, device), _long(self.positions, device), step
 
 
 def graph_sizes(max_num_tokens: int) -> list[int]:
@@ -107,21 +56,19 @@ def graph_sizes(max_num_tokens: int) -> list[int]:
 
 
 class StepGraphs:
-    """The fused forward, captured per bucket over static buffers (see the module docs)."""
+    """The forward, captured per bucket over static buffers (see the module docs)."""
 
     def __init__(
         self,
         forward: Forward,
-        key_cache: list[torch.Tensor],
-        value_cache: list[torch.Tensor],
-        block_size: int,
+        backend: PagedBackend,
         max_num_tokens: int,
         max_num_rows: int,
         max_num_blocks: int,
         scratch_slot: int,
     ) -> None:
-        device = key_cache[0].device
-        self.forward = forward
+        device = backend.device
+        self.forward, self.backend = forward, backend
         self.sizes = graph_sizes(max_num_tokens)
         self.max_num_rows = max_num_rows
         self.scratch_slot = scratch_slot
@@ -134,7 +81,6 @@ class StepGraphs:
             max_num_rows, max_num_blocks, dtype=torch.int32, device=device
         )
         self.logits_index = torch.zeros(max_num_rows, dtype=torch.long, device=device)
-        self.key_cache, self.value_cache, self.block_size = key_cache, value_cache, block_size
         self.logits: torch.Tensor | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
@@ -151,7 +97,7 @@ class StepGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize()
 
-    def can_run(self, inputs: PagedInputs) -> bool:
+    def can_run(self, inputs: StepInputs) -> bool:
         return (
             not inputs.pool_index
             and inputs.num_tokens <= self.sizes[-1]
@@ -159,7 +105,7 @@ class StepGraphs:
             and max(len(t) for t in inputs.tables) <= self.block_tables.shape[1]
         )
 
-    def run(self, inputs: PagedInputs) -> torch.Tensor:
+    def run(self, inputs: StepInputs) -> torch.Tensor:
         """The logits of the step's sampling rows, ``[rows that sample, vocab]``."""
         num_tokens, num_sampled = inputs.num_tokens, len(inputs.sample_index)
         size = next(s for s in self.sizes if s >= num_tokens)
@@ -181,17 +127,18 @@ class StepGraphs:
     def _run(self, size: int) -> None:
         num_rows = min(size, self.max_num_rows)
         step = PagedStep(
-            self.key_cache,
-            self.value_cache,
+            self.backend.key_cache,
+            self.backend.value_cache,
             self.slot_mapping[:size],
             self.block_tables,
             self.token_row[:size],
             self.token_pos[:size],
-            self.block_size,
+            self.backend.block_size,
         )
-        logits, _ = self.forward(
-            self.input_ids[:size], self.positions[:size], step, self.logits_index[:num_rows]
+        batch = ForwardBatch(
+            self.input_ids[:size], self.positions[:size], self.logits_index[:num_rows], step
         )
+        logits, _ = self.forward(batch)
         if self.logits is None:
             self.logits = torch.empty(
                 (self.max_num_rows, logits.shape[-1]), dtype=logits.dtype, device=logits.device
@@ -203,7 +150,3 @@ class StepGraphs:
         if values:
             host = torch.tensor(values, dtype=dtype)
             buffer[: len(values)].copy_(host, non_blocking=True)
-
-
-def _long(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long, device=device)

@@ -7,6 +7,7 @@ has the model runner run it, and turns the new tokens into outputs.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
 
@@ -20,7 +21,10 @@ from worker.engine.pooling import Pooler
 from worker.engine.request import EngineRequest, Sequence
 from worker.engine.resume import resume_text_state
 from worker.engine.scheduler import Scheduler
+from worker.engine.self_check import self_check
 from worker.model_store import resolve_model
+
+log = logging.getLogger(__name__)
 
 # How long an idle step waits for a grammar to compile before returning to its caller.
 COMPILE_WAIT_S = 0.05
@@ -50,9 +54,10 @@ class Engine:
         self.tokenizer = self.runner.tokenizer
         num_blocks = self._num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
-        self.kv_cache = KVCacheManager(
-            num_blocks, config.kv_block_size, config.enable_prefix_caching
-        )
+        self.kv_cache = KVCacheManager(num_blocks, config.kv_block_size, self._prefix_caching())
+        if config.self_check:
+            # Before any request: the probe writes blocks the KV cache has not handed out.
+            self_check(self.runner, config.model)
         self.max_model_len = min(self.runner.max_model_len, self.kv_cache.max_num_tokens_per_seq)
         self.scheduler = Scheduler(
             self.kv_cache,
@@ -63,6 +68,7 @@ class Engine:
             ttft_priority=config.ttft_priority,
             max_num_resumed_seqs=config.max_num_resumed_seqs,
             max_loras=config.max_loras,
+            recompute_at=self.runner.recompute_at,
         )
         self._seq_numbers = itertools.count()
         self._text: dict[str, _TextState] = {}
@@ -71,6 +77,15 @@ class Engine:
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.runner.eos_token_ids)
         self.compiling = CompilingRequests(self.grammars)
         self.pooler = Pooler(config.pooling)
+
+    def _prefix_caching(self) -> bool:
+        if self.config.enable_prefix_caching and self.runner.rope_lens is not None:
+            log.info(
+                "prefix caching off: this model's rotary changes with a sequence's length, "
+                "so the same prefix is not always the same keys and values"
+            )
+            return False
+        return self.config.enable_prefix_caching
 
     @property
     def embedding_size(self) -> int | None:

@@ -28,12 +28,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from worker.engine.lora_weights import AdapterError, LoraWeights, load_adapter
 from worker.engine.request import LoraRef
+
+if TYPE_CHECKING:
+    from worker.engine.models.family import Family
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,10 @@ class Site:
     out_features: tuple[int, ...]
 
 
-def llama_sites(layer: Any) -> list[Site]:
-    """The fused forward's four sites, sized from a decoder layer."""
+def lora_sites(family: Family, layer: Any) -> list[Site]:
+    """The fused forward's sites of a family, sized from a decoder layer: fused q/k/v,
+    o, and (but for a sparse MoE MLP, whose experts take no adapter) gate/up and down.
+    A site's parts are the projections an adapter names (Phi-3's ``qkv_proj`` is one)."""
     attn, mlp = layer.self_attn, layer.mlp
 
     def site(name: str, module: Any, parts: tuple[str, ...]) -> Site:
@@ -55,12 +60,10 @@ def llama_sites(layer: Any) -> list[Site]:
         outs = tuple(int(lin.out_features) for lin in linears)
         return Site(name, parts, int(linears[0].in_features), outs)
 
-    return [
-        site("qkv", attn, ("q_proj", "k_proj", "v_proj")),
-        site("o", attn, ("o_proj",)),
-        site("gate_up", mlp, ("gate_proj", "up_proj")),
-        site("down", mlp, ("down_proj",)),
-    ]
+    sites = [site("qkv", attn, family.qkv), site("o", attn, ("o_proj",))]
+    if family.moe is None:
+        sites += [site("gate_up", mlp, family.gate_up), site("down", mlp, ("down_proj",))]
+    return sites
 
 
 class _SiteBuffers:
@@ -110,8 +113,12 @@ class LoraBatch:
         self.rows = rows
 
     def add(self, layer: int, site: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """``y`` (the site's base output for input ``x``) plus each row's delta."""
-        delta = self.store.buffers[layer][site].delta(x, self.groups)
+        """``y`` (the site's base output for input ``x``) plus each row's delta; ``y``
+        itself at a site the family takes no adapter on (a MoE model's dense MLPs)."""
+        buffers = self.store.buffers[layer].get(site)
+        if buffers is None:
+            return y
+        delta = buffers.delta(x, self.groups)
         # In place: y is the projection's fresh output, read by nothing else yet.
         return y.index_add_(0, self.rows, delta.view(-1, y.shape[1]).to(y.dtype))
 
@@ -232,6 +239,11 @@ class LoraStore:
             for part, out in zip(site.parts, site.out_features, strict=True)
         }
         for (layer, name), (a, b) in weights.pairs.items():
+            if name not in dims:
+                raise AdapterError(
+                    f"adapter {ref.name!r} trains {name}, which this model's forward does not "
+                    f"take adapters on (it takes {', '.join(dims)})"
+                )
             if (a.shape[1], b.shape[0]) != dims[name]:
                 raise AdapterError(
                     f"adapter {ref.name!r}: layer {layer} {name} maps {a.shape[1]} -> "

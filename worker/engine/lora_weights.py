@@ -20,16 +20,8 @@ from safetensors import safe_open
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
-# Projections tokenq applies deltas to, by the decoder-layer submodule that holds them.
-PROJECTIONS = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
+# Adapters train projections of a decoder layer's attention or MLP; which of them a
+# model takes adapters on is its family's (worker.engine.lora.lora_sites).
 _KEY_RE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 
 
@@ -109,10 +101,10 @@ def _pairs(
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY_RE.search(key)
-        if match is None or PROJECTIONS.get(match.group(3)) != match.group(2):
+        if match is None:
             raise AdapterError(
                 f"adapter {path} trains {key!r}: only the attention and MLP projections "
-                f"({', '.join(PROJECTIONS)}) of decoder layers are supported"
+                "of decoder layers are supported"
             )
         halves.setdefault((int(match.group(1)), match.group(3)), {})[match.group(4)] = tensor
     if not halves:

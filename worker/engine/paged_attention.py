@@ -9,6 +9,12 @@ can capture it. One program handles one token and one KV head: the query heads
 that share that KV head, over the context in tiles, with an online softmax in
 fp32. A padding token (position -1) reads nothing and writes zeros.
 
+A layer's options are the kernel's arguments: a sliding ``window`` starts each
+token's context ``window - 1`` positions before it (tiles before that are never
+read); ``softcap`` caps each score as ``softcap * tanh(score / softcap)``; per-head
+``sinks`` start the online softmax from the sink's logit, so it joins the
+denominator and adds no value.
+
 Contexts here are short (a few hundred tokens) and the heads few, so the tiles are
 reduced with plain broadcasts rather than ``tl.dot``, whose 16-row minimum would
 waste most of a tile on a group of three query heads.
@@ -38,10 +44,14 @@ def paged_attention(
     token_pos: torch.Tensor,
     scale: float,
     block_size: int,
+    window: int = 0,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q`` ``[tokens, heads, dim]``; caches ``[slots, kv_heads, dim]``; each token's
     ``token_row`` in ``block_tables`` (int32 ``[rows, blocks]``) and its position
-    ``token_pos`` (-1: padding). Returns ``[tokens, heads, dim]``."""
+    ``token_pos`` (-1: padding); ``window`` 0 and ``softcap`` 0 for none, ``sinks``
+    fp32 ``[heads]``. Returns ``[tokens, heads, dim]``."""
     if triton is None:
         raise RuntimeError("paged attention needs triton, which CUDA builds of torch include")
     num_tokens, num_heads, head_dim = q.shape
@@ -56,7 +66,10 @@ def paged_attention(
         block_tables,
         token_row,
         token_pos,
+        q if sinks is None else sinks,  # not read without sinks
         scale,
+        window,
+        softcap,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -70,6 +83,9 @@ def paged_attention(
         dim_pad=triton.next_power_of_2(head_dim),
         block_size=block_size,
         tile=TILE_TOKENS,
+        has_window=window > 0,
+        has_softcap=softcap > 0,
+        has_sinks=sinks is not None,
     )
     return out
 
@@ -87,7 +103,10 @@ def _define_kernel() -> Any:
         tables_ptr,
         row_ptr,
         pos_ptr,
+        sinks_ptr,
         scale,
+        window,
+        softcap,
         stride_qt,
         stride_qh,
         stride_cs,
@@ -101,6 +120,9 @@ def _define_kernel() -> Any:
         dim_pad: tl.constexpr,
         block_size: tl.constexpr,
         tile: tl.constexpr,
+        has_window: tl.constexpr,
+        has_softcap: tl.constexpr,
+        has_sinks: tl.constexpr,
     ):
         token = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -116,8 +138,15 @@ def _define_kernel() -> Any:
         q = tl.load(q_ptr + q_offsets, mask=q_mask, other=0.0).to(tl.float32) * scale
         m = tl.full([group_pad], float("-inf"), tl.float32)
         total = tl.zeros([group_pad], tl.float32)
+        if has_sinks:
+            # The sink's logit starts the softmax: exp(sink - m) = 1 in the denominator.
+            m = tl.load(sinks_ptr + heads, mask=head_ok, other=float("-inf")).to(tl.float32)
+            total = tl.where(head_ok, 1.0, 0.0)
         acc = tl.zeros([group_pad, dim_pad], tl.float32)
-        for start in range(0, context_len, tile):
+        first = 0
+        if has_window:
+            first = tl.maximum(context_len - window, 0)
+        for start in range(first, context_len, tile):
             offs = start + tl.arange(0, tile)
             valid = offs < context_len
             block = tl.load(tables_ptr + row * stride_tr + offs // block_size, mask=valid, other=0)
@@ -126,6 +155,9 @@ def _define_kernel() -> Any:
             kv_mask = valid[:, None] & dim_ok[None, :]
             k = tl.load(k_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)
             scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+            if has_softcap:
+                # softcap * tanh(scores / softcap), with tanh(x) = 2 sigmoid(2x) - 1
+                scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
             scores = tl.where(valid[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             p = tl.exp(scores - m_new[:, None])

@@ -13,7 +13,10 @@ preempts it when the batch is full. A request resumed after its worker died (its
 client is mid-answer) may also take one of a few rows kept for such requests, and new
 work never preempts it. Requests with LoRA adapters run with at most ``max_loras``
 adapters among the running ones; a request that would bring one more waits, and later
-requests with adapters wait behind it, so that the adapters in use drain.
+requests with adapters wait behind it, so that the adapters in use drain. A model whose
+rotary switches at a length and recomputes what came before (Phi-3's longrope, as
+transformers generates it) has a sequence reaching ``recompute_at`` tokens recomputed
+whole, as a preemption does.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Scheduler:
         ttft_priority: int | None = None,
         max_num_resumed_seqs: int = 0,
         max_loras: int | None = None,
+        recompute_at: int | None = None,
     ) -> None:
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
@@ -50,6 +54,7 @@ class Scheduler:
         self.clock = clock
         self.ttft_priority = ttft_priority
         self.max_loras = max_loras
+        self.recompute_at = recompute_at
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._waiting_since: dict[int, float] = {}
@@ -115,6 +120,9 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0 or seq.status is not SeqStatus.RUNNING:
                 break
+            if seq.num_computed_tokens == self.recompute_at == seq.num_tokens - 1:
+                self._preempt(seq, out)  # its next token crosses the switch: all of it again
+                continue
             num_tokens = self._reserve(seq, budget, out)
             if num_tokens:
                 out.scheduled.append(self._item(seq, num_tokens))

@@ -49,6 +49,16 @@ def engine(make_engine: EngineFactory) -> Iterator[Engine]:
     _drain(engine)
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for a test of tiny models: they gain nothing from threads,
+    and lose much to a busy machine's contention for its cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _drain(engine: Engine) -> None:
     for seq in (*engine.scheduler.running, *engine.scheduler.waiting):
         engine.abort_request(seq.request_id)

@@ -1,8 +1,8 @@
-"""Decode rows are grouped by context length before attention (worker.engine.attention)."""
+"""Decode rows are grouped by context length before attention (worker.engine.cpu_attention)."""
 
 from __future__ import annotations
 
-from worker.engine.attention import GROUP_SHARE, MAX_DECODE_GROUPS, group_by_length
+from worker.engine.cpu_attention import GROUP_SHARE, MAX_DECODE_GROUPS, group_by_length
 
 
 def test_every_row_lands_in_exactly_one_group() -> None:

@@ -1,11 +1,11 @@
-"""The CUDA step: flattened inputs and buckets (on any machine), and the paged
-kernel and captured graphs themselves (marked ``cuda``: they run where a GPU is,
-``pytest -m cuda``, and are deselected elsewhere)."""
+"""The CUDA step: flattened inputs and buckets (on any machine), and the captured
+graphs themselves (marked ``cuda``: they run where a GPU is, ``pytest -m cuda``, and
+are deselected elsewhere). The paged kernel's own tests are in ``test_paged_attention``."""
 
 from __future__ import annotations
 
 import itertools
-import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,9 +13,11 @@ import torch
 
 from tests.worker.engine.conftest import EngineFactory
 from tests.worker.engine.factories import load_workload, make_request
-from worker.engine.cuda_graphs import PagedInputs, graph_sizes
+from worker.engine import Engine, EngineConfig
+from worker.engine.cuda_graphs import graph_sizes
 from worker.engine.outputs import ScheduledSeq
 from worker.engine.request import LoraRef, Sequence
+from worker.engine.step_inputs import StepInputs
 
 
 def _scheduled(
@@ -37,59 +39,18 @@ def test_buckets_cover_every_step_size_up_to_the_budget() -> None:
 def test_a_step_flattens_decode_rows_and_prefill_chunks_alike() -> None:
     decode = _scheduled(list(range(1, 21)), 19, 1, [7, 3])  # token 20 at position 19
     chunk = _scheduled(list(range(1, 41)), 16, 8, [5, 9, 2])  # positions 16..23, no sample
-    inputs = PagedInputs.build([decode, chunk], block_size=16)
+    inputs = StepInputs.build([decode, chunk], block_size=16)
     assert inputs.token_ids == [20, *range(17, 25)]
     assert inputs.positions == [19, *range(16, 24)]
     assert inputs.slot_mapping == [3 * 16 + 3, *(9 * 16 + p for p in range(8))]
     assert inputs.token_row == [0] + [1] * 8
     assert inputs.sample_index == [0]
     assert inputs.padded_tables().tolist() == [[7, 3, 0], [5, 9, 2]]
+    assert inputs.row_starts == [0, 1] and inputs.row_num_tokens == [1, 8]
+    assert inputs.rope_lens is None  # only for rotaries that change with length
 
 
 cuda = pytest.mark.cuda
-
-
-def _reference(
-    q: torch.Tensor,
-    caches: tuple[torch.Tensor, torch.Tensor],
-    tables: torch.Tensor,
-    rows: torch.Tensor,
-    positions: torch.Tensor,
-    block_size: int,
-) -> torch.Tensor:
-    k_cache, v_cache = caches
-    group = q.shape[1] // k_cache.shape[1]
-    out = torch.zeros_like(q, dtype=torch.float32)
-    for t, (row, pos) in enumerate(zip(rows.tolist(), positions.tolist(), strict=True)):
-        if pos < 0:
-            continue
-        context = torch.arange(pos + 1, device=q.device)
-        slots = tables[row][context // block_size].long() * block_size + context % block_size
-        keys = k_cache[slots].float().repeat_interleave(group, dim=1)
-        values = v_cache[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,chd->hc", q[t].float(), keys) / math.sqrt(q.shape[-1])
-        out[t] = torch.einsum("hc,chd->hd", torch.softmax(scores, dim=-1), values)
-    return out
-
-
-@cuda
-def test_the_paged_kernel_equals_attention_over_gathered_context() -> None:
-    from worker.engine.paged_attention import paged_attention
-
-    torch.manual_seed(0)
-    device, block_size = torch.device("cuda"), 16
-    caches = (
-        torch.randn(64 * block_size, 3, 64, device=device, dtype=torch.bfloat16),
-        torch.randn(64 * block_size, 3, 64, device=device, dtype=torch.bfloat16),
-    )
-    tables = torch.randperm(64, device=device)[:60].view(3, 20).int()
-    rows = torch.tensor([0, 0, 0, 1, 2, 2, 1], dtype=torch.int32, device=device)
-    positions = torch.tensor([0, 5, 70, 300, 17, -1, 318], dtype=torch.int32, device=device)
-    q = torch.randn(7, 9, 64, device=device, dtype=torch.bfloat16)
-    out = paged_attention(q, *caches, tables, rows, positions, 64**-0.5, block_size)
-    expected = _reference(q, caches, tables, rows, positions, block_size)
-    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
-    assert out[5].abs().max().item() == 0  # a padding token reads nothing
 
 
 @cuda
@@ -151,3 +112,37 @@ def test_adapter_rows_on_cuda_give_transformers_merged_output(
     got = [[t for o in results[r.request_id] for t in o.new_token_ids] for r in requests]
     assert got[:2] == merged_greedy(model_path, adapter, prompts, 12)
     assert got[2:] == merged_greedy(model_path, None, prompts, 12)
+
+
+@cuda
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "gemma2", "gpt_oss"])
+def test_other_families_on_cuda_replay_what_eager_and_generate_give(
+    name: str, model_path: str, tmp_path: Path
+) -> None:
+    """fp32 tiny models: graph replay equals the eager paged forward, and both equal
+    transformers' ``generate`` (windows, soft-caps and sinks in the paged kernel).
+    gpt-oss's MoE layers run eagerly in fp32 (graphs need bf16 on Hopper for them)."""
+    from tests.worker.engine.test_families import assert_matches, references, run
+    from tests.worker.engine.tiny_models import SPECS_BY_NAME, save_tiny
+
+    path = save_tiny(SPECS_BY_NAME[name], tmp_path, model_path)
+    config = EngineConfig(model=str(path), device="cuda", dtype="float32", kv_cache_mib=64)
+    graphed, eager = Engine(config), Engine(replace(config, enforce_eager=True))
+    assert (graphed.runner.graphs is not None) == (name != "gpt_oss")
+    got = run(graphed)
+    assert [g.token_ids for g in got] == [g.token_ids for g in run(eager)]
+    assert_matches(got, references(path), tolerance=1e-3)
+
+
+@cuda
+def test_a_moe_model_in_bf16_captures_graphs_where_the_grouped_matmul_allows(
+    model_path: str, tmp_path: Path
+) -> None:
+    from tests.worker.engine.test_families import run
+    from tests.worker.engine.tiny_models import SPECS_BY_NAME, save_tiny
+
+    path = save_tiny(SPECS_BY_NAME["qwen3_moe"], tmp_path, model_path)
+    engine = Engine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16", kv_cache_mib=64))
+    hopper = torch.cuda.get_device_capability()[0] in (9, 10)
+    assert (engine.runner.graphs is not None) == hopper  # and it passed the bf16 self-check
+    assert all(len(g.token_ids) == 10 for g in run(engine))

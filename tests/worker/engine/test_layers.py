@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional
 
-from worker.engine.fused_llama import Projection
+from worker.engine.models.layers import Projection
 
 
 @pytest.mark.parametrize("num_rows", [1, 7, 64, 300])

@@ -1,0 +1,31 @@
+"""The worker's model-loading options reach the engine's config."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from producer.cli import app
+from worker.engine.config import EngineConfig
+from worker.main import WorkerOptions, engine_config
+
+
+def test_model_loading_options_reach_the_engine_config() -> None:
+    config = engine_config(
+        WorkerOptions("org/model", max_model_len=4096, self_check=False, trust_remote_code=True)
+    )
+    assert isinstance(config, EngineConfig)
+    assert (config.max_model_len, config.self_check, config.trust_remote_code) == (
+        4096,
+        False,
+        True,
+    )
+    default = engine_config(WorkerOptions("org/model"))
+    assert isinstance(default, EngineConfig)
+    assert default.self_check and not default.trust_remote_code and default.max_model_len is None
+
+
+def test_the_worker_command_offers_them() -> None:
+    result = CliRunner().invoke(app, ["worker", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for option in ("--max-model-len", "--self-check", "--no-self-check", "--trust-remote-code"):
+        assert option in result.output

@@ -1,0 +1,71 @@
+"""The model runner's small helpers: device and dtype choice, EOS ids, host memory,
+and whether a model's forward can be captured as CUDA graphs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from worker.engine.models.decoder import DecoderModel
+from worker.engine.models.moe import SparseMoe
+
+log = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def eos_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def available_host_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def graphs_supported(model: DecoderModel, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a CUDA graph can capture the forward: a MoE layer's grouped matmul runs
+    without a host sync only in bf16 on Hopper or Blackwell (elsewhere torch's
+    fallback reads the experts' offsets on the host)."""
+    if not any(isinstance(layer.mlp, SparseMoe) for layer in model.layers):
+        return True
+    major, _ = torch.cuda.get_device_capability(device)
+    if dtype == torch.bfloat16 and major in (9, 10):
+        return True
+    log.info("MoE layers in %s on compute capability %d.x: steps run eagerly", dtype, major)
+    return False
