@@ -25,11 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
-from shared.calls import CLAIM_LOOK_PAST, claim_call
 from shared.keys import Keys, model_tag
 from shared.loras import new_adapter, register_lora
+from shared.ops.claim import CLAIM_LOOK_PAST, Claim
 from shared.registry import mark_served
-from shared.replies import text
 from shared.scripts import Scripts
 from shared.settings import Settings
 
@@ -50,8 +49,7 @@ def time_claims(r: redis.Redis, settings: Settings, rank: int | None, args: Any)
     """Median seconds of one claim.lua call over ``args.rounds`` intakes."""
     scripts, times = Scripts(r), []
     for _ in range(args.rounds):
-        ids = [text(i) for i in r.zrange(KEYS.queue(TAG), 0, args.batch - 1)]
-        call = claim_call(KEYS, settings, TAG, "bench", ids, rank)
+        call = Claim(TAG, "bench", settings.lease_ms, args.batch, args.batch, rank).call(KEYS)
         started = time.perf_counter()
         scripts.run(call)
         times.append(time.perf_counter() - started)

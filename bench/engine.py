@@ -4,6 +4,13 @@
     python bench/engine.py --quick     # mixed32, static-32 peer only
     python bench/engine.py --device cuda --repeat 10   # 2,000 requests on a GPU
     python bench/engine.py --quick --loras 4   # spread over 4 LoRA adapters vs the base
+    python bench/engine.py --timed-forward-ms 4.3 --max-num-seqs 256 --repeat 10
+
+``--timed-forward-ms`` replaces the model's forward with a wait of that long that
+leaves the host free (as a GPU's forward does), everything else real, and runs the
+workload with asynchronous scheduling and without, in the same run: the ceiling is
+the tokens that back-to-back steps of that length at the engine's own batch sizes
+give, so the figure is the host's share of a step on a device as fast as the wait.
 
 Figures are useful new tokens per second (each request's own budget, ``ignore_eos``,
 greedy; fp32 on the CPU, bf16 on CUDA) over the whole workload, every request
@@ -16,12 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -335,21 +343,57 @@ def report_peers(
         )
 
 
+def report_timed(args: argparse.Namespace) -> None:
+    """The engine on the timed forward, asynchronous and synchronous, against the
+    forward-bound ceiling (see the module docs)."""
+    step_s = args.timed_forward_ms / 1000
+    for async_scheduling in (True, False):
+        engine = make_engine(
+            args, timed_forward_ms=args.timed_forward_ms, async_scheduling=async_scheduling
+        )
+        items = load(Path(args.workload), engine) * args.repeat
+        drain(engine, at_once(items[:8]))  # warm-up
+        steps, waits, cpu_s = engine.num_steps, engine.num_host_waits, time.process_time()
+        run = drain(engine, at_once(items))
+        steps, waits = engine.num_steps - steps, engine.num_host_waits - waits
+        cpu_ms = (time.process_time() - cpu_s) / steps * 1000
+        ceiling = run.num_tokens / (steps * step_s)
+        mode = "async" if async_scheduling else "sync "
+        print(
+            f"timed-forward ({mode}): {run.num_tokens / run.wall_s:.0f} tok/s, {run.num_tokens} "
+            f"tokens in {steps} steps of {args.timed_forward_ms:g} ms ({run.wall_s:.2f} s); "
+            f"ceiling {ceiling:.0f} tok/s; host waits per step {waits / steps:.2f}; "
+            f"process CPU {cpu_ms:.2f} ms per step (load average {os.getloadavg()[0]:.1f} "
+            f"on {os.cpu_count()} CPUs)"
+        )
+        print(
+            f"timed-forward: engine at {100 * steps * step_s / run.wall_s:.0f}% of the "
+            f"forward-bound ceiling ({'asynchronous' if async_scheduling else 'synchronous'}"
+            f" scheduling; goal >= 90% asynchronous)"
+        )
+
+
+def make_engine(args: argparse.Namespace, **changes: Any) -> Engine:
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.threads,
+        kv_cache_mib=args.kv_cache_mib,
+        enforce_eager=args.enforce_eager,
+        max_loras=max(args.loras, EngineConfig.max_loras),
+        async_scheduling=args.async_scheduling,
+    )
+    return Engine(replace(config, **changes))
+
+
 def main() -> None:
     args = parse_args()
-    engine = Engine(
-        EngineConfig(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            num_threads=args.threads,
-            kv_cache_mib=args.kv_cache_mib,
-            enforce_eager=args.enforce_eager,
-            max_loras=max(args.loras, EngineConfig.max_loras),
-        )
-    )
+    if args.timed_forward_ms is not None:
+        return report_timed(args)
+    engine = make_engine(args)
     items = load(Path(args.workload), engine) * args.repeat
     if args.loras:
         from bench.lora_mix import report_loras
@@ -392,6 +436,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--skip-static", action="store_true", help="no static-batch peer")
     parser.add_argument("--loras", type=int, default=0, help="only: N adapters vs the base")
+    parser.add_argument(
+        "--timed-forward-ms",
+        type=float,
+        default=None,
+        help="a forward that waits this long (GIL released): asynchronous vs synchronous",
+    )
+    parser.add_argument(
+        "--no-async-scheduling",
+        dest="async_scheduling",
+        action="store_false",
+        help="the host waits for each step before scheduling the next",
+    )
     args = parser.parse_args()
     if args.workload is None:
         args.workload = str(WORKLOADS / ("mixed32.jsonl" if args.quick else "mixed200.jsonl"))

@@ -46,11 +46,14 @@ import redis.asyncio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from producer.embedded import EmbeddedRedis, free_port
-from shared.calls import TokenPublish, finish_call, publish_calls, renew_call
 from shared.flows import accepted, claim_flow, drive_async, enqueue_flow, finish_flow
 from shared.gc_policy import freeze_startup_objects
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, dumps
+from shared.ops.claim import Claim
+from shared.ops.moves import Fate
+from shared.ops.publish import Finish, Publish, TokenPublish
+from shared.ops.renew import Renew
 from shared.registry import mark_served
 from shared.replies import text
 from shared.scripts import AsyncScripts
@@ -157,10 +160,10 @@ async def enqueue(r: redis.asyncio.Redis, b: Bench, n: int) -> list[str]:
 
 
 async def claim_all(r: redis.asyncio.Redis, b: Bench) -> dict[str, str]:
-    ids = [text(i) for i in await r.zrange(b.keys.queue(b.tag), 0, -1)]
     tokens: dict[str, str] = {}
-    for start in range(0, len(ids), 200):
-        flow = claim_flow(b.keys, b.settings, b.tag, "bench", ids[start : start + 200])
+    while await r.zcard(b.keys.queue(b.tag)):
+        claim = Claim(b.tag, "bench", b.settings.lease_ms, 200, 200)
+        flow = claim_flow(b.keys, b.settings, claim)
         tokens.update(
             {c.request_id: c.lease_token for c in await drive_async(AsyncScripts(r), flow)}
         )
@@ -179,11 +182,11 @@ async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], second
     while time.monotonic() < until:
         step_started = time.monotonic()
         if step_started - renewed > renew_every_s:  # as a worker's heartbeat does
-            await scripts.send([renew_call(b.keys, b.settings, b.tag, held)])
+            await scripts.send([Renew(b.tag, held).call(b.keys, b.settings.lease_ms)])
             renewed = step_started
         event = (TOKEN_JSON % (index, index, time.time_ns())).encode()
         step = [TokenPublish(i, token, event, index, 1) for i, token in held.items()]
-        await scripts.send(publish_calls(b.keys, step, cluster=False))
+        await scripts.send(Publish(step).calls(b.keys, b.settings.result_ttl_s, cluster=False))
         index += 1
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - step_started)))
     await finish(r, b, held, index)
@@ -196,8 +199,8 @@ async def finish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], n: int)
     )
     scripts = AsyncScripts(r)
     for request_id, token in held.items():
-        call = finish_call(b.keys, b.settings, request_id, token, final, output, "finished")
-        await drive_async(scripts, finish_flow(b.keys, call))
+        finish = Finish(request_id, token, final, output, Fate.FINISHED)
+        await drive_async(scripts, finish_flow(b.keys, b.settings, finish))
 
 
 async def read_direct(r: redis.asyncio.Redis, b: Bench, ids: list[str], after_ns: int) -> Arrivals:

@@ -8,6 +8,7 @@ the event loop, cron). Then, from a SLOWLOG sample of part of the window, the ti
 each script (EVALSHA by script name) and each plain command, per token.
 
     python bench/scale_profile.py [--workers 4] [--window-s 10] [--sample-s 2]
+    python bench/scale_profile.py --max-tokens 32 --sample-s 0 --min-replicas 1   # WAIT's cost
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--before", action="store_true", help="the 'before' config")
     parser.add_argument("--coalesce-ms", type=int, help="instead of the config's window")
+    parser.add_argument("--min-replicas", type=int, default=0, help="TOKENQ_REDIS_MIN_REPLICAS")
+    parser.add_argument("--replicas", type=int, help="the Redis's replicas (default: as many)")
     parser.add_argument("--gather-ms", type=float, help="instead of the config's hub gather")
     return parser.parse_args()
 
@@ -50,13 +53,18 @@ def main() -> None:
     if args.gather_ms is not None:
         config = replace(config, gather_ms=args.gather_ms)
     model = sim_model(args.step_ms, args.batch)
-    with single_target() as target:
+    replicas = args.min_replicas if args.replicas is None else args.replicas
+    with single_target(replicas) as target:
         f = measure(
             target, args.workers, model, config.coalesce_ms, args.window_s, args.max_tokens,
             readers=True, gather_ms=config.gather_ms, sample_s=args.sample_s,
+            min_replicas=args.min_replicas,
         )  # fmt: skip
+    print(f"{target.kind}, TOKENQ_REDIS_MIN_REPLICAS={args.min_replicas}")
     print(f"{args.workers} workers, {config}: {f.tokens_per_s:.0f} tok/s, ", end="")
     print(f"{f.redis_cpu_us_per_token:.1f} us Redis CPU per token, p99 {f.coalesce_p99_ms:.0f} ms")
+    print(f"{f.tokens // args.max_tokens} requests finished in the window; ", end="")
+    print(f"{f.commands_per_token:.2f} Redis commands per token (a script's own count one each)")
     print_commandstats(f)
     print_sample(f)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 
 from producer.client import Client
-from producer.embedded import EmbeddedRedis
+from producer.embedded import EmbeddedRedis, free_port
 from shared.connection import connect
 from shared.errors import QueueFull
 from shared.keys import Keys, model_tag
@@ -63,12 +63,39 @@ class Target:
 
 
 @contextmanager
-def single_target() -> Iterator[Target]:
+def single_target(replicas: int = 0) -> Iterator[Target]:
+    """One Redis with the shipped config, and ``replicas`` replicas of it (their CPU is
+    not counted: in production they are other machines)."""
     server = EmbeddedRedis().start()
+    followers: list[subprocess.Popen[bytes]] = []
     try:
-        yield Target(server.kind, server.url, {"one": redis.Redis.from_url(server.url)})
+        primary = redis.Redis.from_url(server.url)
+        for _ in range(replicas):
+            port = free_port()
+            args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+            args += ["--replicaof", "127.0.0.1", str(server.port)]
+            followers.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
+        _wait_for_replicas(primary, replicas)
+        kind = server.kind + (f" + {replicas} replica(s)" if replicas else "")
+        yield Target(kind, server.url, {"one": primary})
     finally:
+        for proc in followers:
+            proc.terminate()
+            proc.wait(timeout=30)
         server.stop()
+
+
+def _wait_for_replicas(primary: redis.Redis, n: int, timeout_s: float = 30) -> None:
+    give_up = time.monotonic() + timeout_s
+
+    def online() -> int:
+        info = primary.info("replication")
+        return sum(isinstance(v, dict) and v.get("state") == "online" for v in info.values())
+
+    while online() < n:
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"{n} replica(s) did not connect")
+        time.sleep(0.1)
 
 
 @contextmanager
@@ -139,22 +166,26 @@ IO_STATS = ("total_reads_processed", "total_writes_processed", "total_net_input_
             "total_net_output_bytes")  # fmt: skip
 
 
-def start_workers(n: int, url: str, model: str, coalesce_ms: int) -> list[subprocess.Popen[bytes]]:
+def start_workers(
+    n: int, url: str, model: str, coalesce_ms: int, min_replicas: int = 0
+) -> list[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
         "TOKENQ_DRAIN_TIMEOUT_S": "0",
         "TOKENQ_PUBLISH_COALESCE_MS": str(coalesce_ms),
+        "TOKENQ_REDIS_MIN_REPLICAS": str(min_replicas),
     }
     cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", url, "--model", model]
     return [subprocess.Popen([*cmd, "--log-level", "WARNING"], env=env) for _ in range(n)]
 
 
 def start_webapp(
-    url: str, model: str, depth: int, max_tokens: int, gather_ms: float
+    url: str, model: str, depth: int, max_tokens: int, gather_ms: float, min_replicas: int = 0
 ) -> subprocess.Popen[bytes]:
     args = [url, model, str(depth), str(max_tokens), str(gather_ms)]
     cmd = [sys.executable, "-m", "bench.webapp", *args]
-    return subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
+    env = {**os.environ, "TOKENQ_REDIS_MIN_REPLICAS": str(min_replicas)}
+    return subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], env=env)
 
 
 def wait_registered(connection: redis.Redis, n: int, timeout_s: float = 300) -> None:
@@ -208,14 +239,16 @@ def measure(
     readers: bool = True,
     gather_ms: float = 0.0,
     sample_s: float = 0.0,
+    min_replicas: int = 0,
 ) -> Figures:
     connection = connect(target.url)
     prepare(target, connection, model)
     batch = SimConfig.parse(model).max_num_seqs
-    workers = start_workers(n, target.url, model, coalesce_ms)
+    workers = start_workers(n, target.url, model, coalesce_ms, min_replicas)
     depth = 2 * n * batch
     feeder: Feeder | subprocess.Popen[bytes]
-    feeder = start_webapp(target.url, model, depth, max_tokens, gather_ms) if readers else Feeder(
+    webapp = (target.url, model, depth, max_tokens, gather_ms, min_replicas)
+    feeder = start_webapp(*webapp) if readers else Feeder(
         Client(settings=Settings(redis_url=target.url, max_queued=1_000_000)), model, depth,
         max_tokens,
     )  # fmt: skip

@@ -7,6 +7,11 @@ timing runs from the first submit to the last final event. The same requests the
 
     python bench/through_redis.py [--workload bench/workloads/mixed200.jsonl]
     python bench/through_redis.py --device cuda --repeat 10   # 2,000 requests on a GPU
+    python bench/through_redis.py --timed-forward-ms 4.3 --max-num-seqs 256 --repeat 10
+
+``--timed-forward-ms`` runs both on the timed forward (``EngineConfig.timed_forward_ms``:
+a wait that leaves the host free, as a GPU's forward does, everything else real), so
+that the CPU measures the worker's share of a device-bound step.
 
 ``--sim`` measures the worker's own cost per token, without a GPU: the worker runs
 the simulated engine (``worker/sim.py``; by default its steps take no time), and the
@@ -64,9 +69,10 @@ def engine_requests(rows: list[dict[str, Any]], engine: Engine | SimEngine) -> l
     ]
 
 
-def engine_alone(rows: list[dict[str, Any]], device: str) -> float:
+def engine_alone(rows: list[dict[str, Any]], device: str, extra: dict[str, Any]) -> float:
     """Useful new tokens per second, all requests added at once."""
-    engine = Engine(EngineConfig(model=str(resolve_model(DEFAULT_MODEL)), device=device))
+    model = str(resolve_model(DEFAULT_MODEL))
+    engine = Engine(EngineConfig(model=model, device=device, **extra))
     reqs = engine_requests(rows, engine)
     start = time.perf_counter()
     outputs = engine.generate(reqs)
@@ -96,9 +102,14 @@ def sim_alone(rows: list[dict[str, Any]], spec: str) -> Alone:
 
 
 def start_worker(
-    url: str, device: str, model: str | None = None, pythonpath: Path | None = None
+    url: str,
+    device: str,
+    model: str | None = None,
+    pythonpath: Path | None = None,
+    flags: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", url, "--device", device]
+    cmd += flags
     if model is not None:
         cmd += ["--model", model]
     env = dict(os.environ)
@@ -223,14 +234,24 @@ def main() -> None:
         "--sim", nargs="?", const=SIM, default=None, help=f"the simulated engine (default {SIM})"
     )
     parser.add_argument("--baseline", type=Path, help="with --sim: also a worker from this tree")
+    parser.add_argument("--timed-forward-ms", type=float, default=None, help="a timed forward")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: the device's")
     args = parser.parse_args()
     rows = load(args.workload) * args.repeat
     if args.sim is not None:
         main_sim(args, rows)
         return
-    alone = engine_alone(rows, args.device)
+    extra: dict[str, Any] = {}
+    flags: list[str] = []
+    if args.timed_forward_ms is not None:
+        extra["timed_forward_ms"] = args.timed_forward_ms
+        flags += ["--timed-forward-ms", str(args.timed_forward_ms)]
+    if args.max_num_seqs is not None:
+        extra["max_num_seqs"] = args.max_num_seqs
+        flags += ["--max-num-seqs", str(args.max_num_seqs)]
+    alone = engine_alone(rows, args.device, extra)
     server = EmbeddedRedis().start()
-    worker = start_worker(server.url, args.device)
+    worker = start_worker(server.url, args.device, flags=tuple(flags))
     try:
         info = wait_ready(redis.Redis.from_url(server.url), Settings(redis_url=server.url))
         rate, tokens = through_redis(server.url, rows, DEFAULT_MODEL)
@@ -240,6 +261,8 @@ def main() -> None:
         worker.wait(timeout=120)
         server.stop()
     print(f"workload: {args.workload.name} ({len(rows)} requests, {tokens} new tokens)")
+    if args.timed_forward_ms is not None:
+        print(f"timed forward: {args.timed_forward_ms:g} ms a step (no model compute)")
     print(f"engine alone:         {alone:7.1f} tok/s")
     ratio = rate / alone
     print(

@@ -17,7 +17,7 @@ import sys
 from producer.aio import AsyncClient
 from producer.gateway.hub import gateway_hub
 from shared.connection import connect_async
-from shared.errors import QueueFull
+from shared.errors import QueueFull, ReplicationTimeout
 from shared.keys import Keys, model_tag
 from shared.settings import Settings
 
@@ -28,7 +28,7 @@ class WebApp:
     def __init__(self, url: str, model: str, depth: int, max_tokens: int, gather_s: float) -> None:
         self.settings = Settings(redis_url=url, max_queued=1_000_000)
         self.client = AsyncClient(settings=self.settings)
-        self.hub = gateway_hub(connect_async(url), gather_s=gather_s)
+        self.hub = gateway_hub(connect_async(url), gather_s=gather_s, keys=Keys())
         self.model, self.depth = model, depth
         self.body = {"model": model, "prompt": "a b c d", "sampling": {"max_tokens": max_tokens}}
         self.queue_key = Keys().queue(model_tag(model))
@@ -40,7 +40,7 @@ class WebApp:
         while True:
             missing = self.depth - int(await self.client.redis.zcard(self.queue_key))
             if missing > 0:
-                with contextlib.suppress(QueueFull):
+                with contextlib.suppress(QueueFull, ReplicationTimeout):
                     for handle in await self.client.submit_many([self.body] * missing):
                         self._follow(Keys().stream(handle.id))
             await asyncio.sleep(FEED_EVERY_S)

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
 
 from producer.client import BLOCK_MS, MAX_LOOKUPS, _block_ms, _deadline
-from producer.following import has_final, parse_events, result_or_tail
+from producer.following import Unrepeated, has_final, parse_events, result_or_tail
 from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from producer.streams.aio import AsyncFollower, AsyncHub, async_source
-from shared.connection import connect_async
+from shared.connection import UNREACHABLE, connect_async
 from shared.flows import accepted, cancel_flow, drive_async
 from shared.keys import Keys, tag_of
+from shared.limits import AsyncLimitsCache
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
 from shared.reads import position_read, result_read, run_read_async, status_read
+from shared.replication import Replicas
 from shared.scripts import AsyncScripts
 from shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 
 class AsyncClient:
@@ -38,7 +43,8 @@ class AsyncClient:
         url = redis_url or self.settings.redis_url
         self.redis = connection or connect_async(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
-        self._scripts = AsyncScripts(self.redis)
+        self._scripts = AsyncScripts(self.redis, Replicas.of(self.settings))
+        self._limits = AsyncLimitsCache(self.redis, self.keys)  # what the model's workers take
         self._hub: AsyncHub[StreamEvent] | None = None
         # Followers look Redis up on quiet spells, all at once if all are quiet: a few
         # at a time, so thousands of them never need more than the pool holds.
@@ -83,6 +89,7 @@ class AsyncClient:
         reqs = [validate_request(self.settings, r) for r in requests]
         if self.api_key is not None:
             reqs = [as_tenant(r, self.api_key) for r in reqs]
+        await self._limits.check(reqs)
         flow = submit_flow(self.keys, self.settings, self.api_key, reqs)
         enqueued = await drive_async(self._scripts, flow)
         return [AsyncHandle(self, i) for i in accepted(enqueued, reqs, self.settings)]
@@ -116,17 +123,31 @@ class AsyncHandle:
         """Token events as they arrive, then the final event; resume with ``after``.
         RequestTimeout if the final event has not come within ``timeout`` seconds.
         Every stream of a client is read by one shared reader (one connection)."""
-        give_up, c = _deadline(timeout), self.client
+        give_up, c, unrepeated = _deadline(timeout), self.client, Unrepeated()
         async with c._streams().follow(c.keys.stream(self.id), after) as follower:
             while True:
                 events = await _next(follower, _wait_ms(give_up, timeout, self.id))
-                for event in events:
+                for event in unrepeated.events(events):
                     yield event
                     if isinstance(event.event, FinalEvent):
                         return
                 if not events:
                     async with c._lookups:
-                        await self.status()  # raises NotFound if the request is gone
+                        await self._look()  # raises NotFound if the request is gone
+
+    async def _look(self) -> None:
+        """As ``Handle._look``."""
+        try:
+            await self.status()
+        except UNREACHABLE as e:
+            log.info("looking up %s failed (%s); still waiting", self.id, e)
+
+    async def _result(self) -> Result | None:
+        try:
+            return await run_read_async(self.client.redis, result_read(self.client.keys, self.id))
+        except UNREACHABLE as e:
+            log.info("reading the result of %s failed (%s); still waiting", self.id, e)
+            return None
 
     async def result(self, timeout: float | None = None) -> Result:
         give_up, c = _deadline(timeout), self.client
@@ -139,7 +160,7 @@ class AsyncHandle:
                 events = await _next(follower, _wait_ms(give_up, timeout, self.id))
                 if not events or has_final(events):  # ended, or a quiet spell: look
                     async with c._lookups:
-                        result = await run_read_async(c.redis, result_read(c.keys, self.id))
+                        result = await self._result()
                     if result is not None:
                         return result
 

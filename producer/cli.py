@@ -21,7 +21,7 @@ from producer.dashboard.cli import dashboard
 from producer.gateway.cli import gateway
 from producer.lora_cli import lora_app
 from producer.usage_cli import usage
-from shared.models import FinalEvent, TokenEvent
+from shared.models import FinalEvent, RequestState, RequestStatus, TokenEvent
 from shared.settings import DEFAULT_MODEL
 
 app = typer.Typer(help="tokenq: prioritized LLM generation through Redis.", no_args_is_help=True)
@@ -40,7 +40,9 @@ def worker(
     device: str = "auto",
     dtype: str = "auto",
     max_num_seqs: Annotated[int | None, typer.Option(help="most requests in a batch")] = None,
-    kv_cache_mib: Annotated[int | None, typer.Option(help="KV cache budget in MiB")] = None,
+    kv_cache_mib: Annotated[
+        int | None, typer.Option(help="KV cache budget in MiB (a hybrid's state slots too)")
+    ] = None,
     pooling: Annotated[
         str, typer.Option(help="how embeddings pool the last hidden state: mean, last or cls")
     ] = "mean",
@@ -68,9 +70,27 @@ def worker(
     trust_remote_code: Annotated[
         bool, typer.Option(help="let the model run code from its own repository")
     ] = False,
+    async_scheduling: Annotated[
+        bool,
+        typer.Option(help="schedule the next step while one runs (off: wait for each step)"),
+    ] = True,
+    timed_forward_ms: Annotated[
+        float | None,
+        typer.Option(
+            help="benchmarks: the model's forward replaced by a wait of this long "
+            "(deterministic tokens, not the model's)"
+        ),
+    ] = None,
+    grammar_compile_threads: Annotated[
+        int, typer.Option(help="threads compiling structured-output grammars")
+    ] = 4,
+    grammar_compile_timeout_s: Annotated[
+        float, typer.Option(help="a grammar still compiling after this ends its requests")
+    ] = 10.0,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
+    from worker.engine.errors import ModelLoadError
     from worker.main import WorkerOptions, engine_config, run_worker
 
     _logging(log_level)
@@ -90,13 +110,21 @@ def worker(
         max_model_len=max_model_len,
         self_check=self_check,
         trust_remote_code=trust_remote_code,
+        async_scheduling=async_scheduling,
+        timed_forward_ms=timed_forward_ms,
+        grammar_compile_threads=grammar_compile_threads,
+        grammar_compile_timeout_s=grammar_compile_timeout_s,
     )
     try:
         config = engine_config(opts)
     except ValueError as e:
         console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from e
-    run_worker(settings, opts, config)
+    try:
+        run_worker(settings, opts, config)
+    except ModelLoadError as e:  # one line: what the model is and why it cannot serve
+        console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from e
 
 
 @app.command()
@@ -135,7 +163,7 @@ def submit(
             temperature=temperature,
             lora=lora,
         )
-        console.print(f"[dim]request {handle.id} queued at position {handle.position()}[/]")
+        console.print(f"[dim]request {handle.id} {state_line(handle.status())}[/]")
         _print_stream(handle) if stream else _print_result(handle)
 
 
@@ -191,6 +219,17 @@ def dead_purge(redis_url: RedisOpt = None) -> None:
     """Delete every dead-lettered request."""
     with cli_errors(console, redis_url), _client(redis_url) as client:
         print(f"purged {Admin(client).purge()} request(s)")
+
+
+def state_line(status: RequestStatus) -> str:
+    """Where a request stands, as `tokenq submit` says it: its place in the queue, the
+    worker running it, or how it ended."""
+    if status.state is RequestState.QUEUED:
+        ahead = status.position
+        return "queued" if ahead is None else f"queued at position {ahead}"
+    if status.state is RequestState.RUNNING:
+        return "running" if status.worker is None else f"running on {status.worker}"
+    return str(status.state)
 
 
 def _print_stream(handle: Handle) -> None:

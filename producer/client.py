@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -9,19 +10,22 @@ from typing import Any
 
 import redis
 
-from producer.following import has_final, parse_events, result_or_tail
+from producer.following import Unrepeated, has_final, parse_events, result_or_tail
 from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from producer.streams.threaded import ThreadHub, sync_source
-from shared.connection import close, connect
+from shared.connection import UNREACHABLE, close, connect
 from shared.errors import RequestTimeout
 from shared.flows import accepted, cancel_flow, drive
 from shared.keys import Keys, tag_of
+from shared.limits import LimitsCache
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
 from shared.reads import position_read, result_read, run_read, status_read
+from shared.replication import Replicas
 from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
 
+log = logging.getLogger(__name__)
 BLOCK_MS = 2_000
 MAX_LOOKUPS = 32
 
@@ -44,7 +48,8 @@ class Client:
         url = redis_url or self.settings.redis_url
         self.redis = connection or connect(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
-        self._scripts = Scripts(self.redis)
+        self._scripts = Scripts(self.redis, Replicas.of(self.settings))
+        self._limits = LimitsCache(self.redis, self.keys)  # what the model's workers take
         self._hub: ThreadHub[StreamEvent] | None = None
         self._hub_lock = threading.Lock()
         # Followers look Redis up on quiet spells: a few at a time (see AsyncClient).
@@ -91,6 +96,7 @@ class Client:
         """Validate all, then enqueue all in one round trip. A full queue raises QueueFull
         for the first request that did not fit; the ones before it stay accepted."""
         reqs = [self._validate(r) for r in requests]
+        self._limits.check(reqs)
         flow = submit_flow(self.keys, self.settings, self.api_key, reqs)
         enqueued = drive(self._scripts, flow)
         return [Handle(self, i) for i in accepted(enqueued, reqs, self.settings)]
@@ -131,18 +137,33 @@ class Handle:
         """Token events as they arrive, then the final event; resume with ``after``.
         RequestTimeout if the final event has not come within ``timeout`` seconds.
         Every stream of a client is read by one shared reader (one connection)."""
-        give_up = _deadline(timeout)
+        give_up, unrepeated = _deadline(timeout), Unrepeated()
         key = self.client.keys.stream(self.id)
         with self.client._streams().follow(key, after) as follower:
             while True:
                 events = follower.next(_block_ms(give_up, timeout, self.id) / 1000)
-                for event in events:
+                for event in unrepeated.events(events):
                     yield event
                     if isinstance(event.event, FinalEvent):
                         return
                 if not events:
                     with self.client._lookups:
-                        self.status()  # raises NotFound if the request is gone
+                        self._look()  # raises NotFound if the request is gone
+
+    def _look(self) -> None:
+        """NotFound if the request is gone; Redis away (a failover) is waited out: the
+        stream's reader follows the new primary by itself."""
+        try:
+            self.status()
+        except UNREACHABLE as e:
+            log.info("looking up %s failed (%s); still waiting", self.id, e)
+
+    def _result(self) -> Result | None:
+        try:
+            return run_read(self.client.redis, result_read(self.client.keys, self.id))
+        except UNREACHABLE as e:
+            log.info("reading the result of %s failed (%s); still waiting", self.id, e)
+            return None
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the request to end and return its result."""
@@ -155,7 +176,7 @@ class Handle:
                 events = follower.next(_block_ms(give_up, timeout, self.id) / 1000)
                 if not events or has_final(events):  # ended, or a quiet spell: look
                     with c._lookups:
-                        result = run_read(c.redis, result_read(c.keys, self.id))
+                        result = self._result()
                     if result is not None:
                         return result
 

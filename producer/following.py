@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from producer.streams.entries import warn_unreadable
 from shared.keys import Keys
-from shared.models import FinalEvent, Result, StreamEvent
+from shared.models import FinalEvent, Result, StreamEvent, TokenEvent
 from shared.reads import Read, parse_xread, result_read
 from shared.replies import text
 
@@ -14,9 +15,13 @@ START = "0-0"
 
 
 def parse_events(key: str, entry_id: str, fields: Any) -> list[StreamEvent]:
-    """One stream entry as the events a client reads, as ``parse_xread`` reads them
-    (raises, and so ends the follower's stream, for an entry it cannot read)."""
-    return parse_xread([[key, [(entry_id, fields)]]])
+    """One stream entry as the events a client reads, as ``parse_xread`` reads them;
+    none, with a warning, for an entry that does not parse (the stream goes on)."""
+    try:
+        return parse_xread([[key, [(entry_id, fields)]]])
+    except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+        warn_unreadable(key, entry_id, e)
+        return []
 
 
 def has_final(events: list[StreamEvent]) -> bool:
@@ -35,3 +40,34 @@ def result_or_tail(keys: Keys, request_id: str) -> Read[tuple[Result | None, str
 
     tail_command = ("XREVRANGE", keys.stream(request_id), "+", "-", "COUNT", 1)
     return Read([tail_command, *results.commands], parse)
+
+
+class Unrepeated:
+    """One reader's view of a stream with nothing repeated: after a Redis failover the new
+    primary may lack the last token events a reader already had from the old one, and
+    they are written again from where its stream ends (the request resumes from it); the
+    reader gets the tokens it lacks, once. Events are kept by the index of their tokens."""
+
+    def __init__(self) -> None:
+        self.next_index: int | None = None
+
+    def events(self, events: list[StreamEvent]) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for e in events:
+            if isinstance(e.event, TokenEvent):
+                fresh = self.fresh(e.event)
+                if fresh is None:
+                    continue
+                e = e if fresh is e.event else StreamEvent(id=e.id, event=fresh)
+            out.append(e)
+        return out
+
+    def fresh(self, event: TokenEvent) -> TokenEvent | None:
+        """``event``, the part of it not seen yet, or None."""
+        end = event.index + len(event.token_ids)
+        if self.next_index is None or event.index >= self.next_index:
+            self.next_index = end
+            return event
+        seen, self.next_index = self.next_index, max(end, self.next_index)
+        steps = [s for s in event.split() if s.index + len(s.token_ids) > seen]
+        return TokenEvent.coalesce(steps) if steps else None

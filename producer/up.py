@@ -5,11 +5,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -19,30 +23,67 @@ from shared.registry import mark_served
 from shared.settings import Settings
 
 GATEWAY_PORT = 8000
+# How long the children get to stop (the worker's drain) before they are killed.
+STOP_TIMEOUT_S = 60.0
+
+
+class StopRequested(Exception):
+    """SIGTERM (or SIGHUP) reached `tokenq up`: stop everything, as Ctrl-C does."""
 
 
 def run_up(model: str, port: int | None, console: Console) -> None:
     """An embedded Redis, a worker on MODEL and (when the gateway extra is installed) a
-    gateway with the dashboard; until Ctrl-C or one of them stops."""
-    server = EmbeddedRedis().start()
+    gateway with the dashboard; until Ctrl-C, SIGTERM or one of them stops. Each way
+    out stops every child (the worker drains) before it returns: a supervisor's SIGTERM
+    to this process alone leaves nothing running."""
+    _on_stop_signals(_raise_stop)
+    procs: list[subprocess.Popen[bytes]] = []
+    server: EmbeddedRedis | None = None
     state = up_state_file()
-    state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text(server.url)
-    announce_model(server.url, model)
-    procs = [_tokenq("worker", "--redis", server.url, "--model", model)]
     try:
+        server = EmbeddedRedis().start()
+        state.parent.mkdir(parents=True, exist_ok=True)
+        state.write_text(server.url)
+        announce_model(server.url, model)
+        procs.append(_tokenq("worker", "--redis", server.url, "--model", model))
         procs += _gateway(server.url, port, console)
         console.print(
             f"[bold]tokenq is up[/]: Redis {server.url} ({server.kind}), worker on {model}"
         )
         console.print('From another shell:  [bold]tokenq submit "Tell me a joke" --stream[/]')
         _wait_any(procs)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, StopRequested):
         pass
     finally:
-        _stop(procs)
-        state.unlink(missing_ok=True)
+        _shut_down(procs, server, state, console)
+
+
+def _shut_down(
+    procs: list[subprocess.Popen[bytes]],
+    server: EmbeddedRedis | None,
+    state: Path,
+    console: Console,
+) -> None:
+    """Stop the children, then Redis (the worker's drain still writes to it). Another
+    stop signal meanwhile hurries it: the children are killed instead of waited for."""
+    hurry = threading.Event()
+    _on_stop_signals(lambda *_: hurry.set())
+    console.print("[dim]stopping: the worker drains, then the gateway and Redis stop[/]")
+    _stop(procs, hurry)
+    state.unlink(missing_ok=True)
+    if server is not None:
         server.stop()
+
+
+def _on_stop_signals(handler: Any) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, handler)
+
+
+def _raise_stop(signum: int, _frame: Any) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise StopRequested(signal.Signals(signum).name)
 
 
 def announce_model(redis_url: str, model: str) -> None:
@@ -90,12 +131,15 @@ def _wait_any(procs: list[subprocess.Popen[bytes]]) -> None:
         time.sleep(0.5)
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], hurry: threading.Event) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if hurry.wait(0.1):
+            break
     for p in procs:
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             p.kill()
+        p.wait()

@@ -1,11 +1,14 @@
-"""Reaching Redis: one Redis or a Redis Cluster, backoff, the URL as it may be printed,
-and waiting for Redis at start."""
+"""Reaching Redis: one Redis, a Redis Cluster or a primary found through Sentinel
+(``shared.sentinel``), backoff, the URL as it may be printed, and waiting for Redis at
+start."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -13,14 +16,32 @@ import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
 
+from shared.errors import InvalidRequest
+from shared.sentinel import (
+    connect_sentinel,
+    connect_sentinel_async,
+    is_sentinel_url,
+    shown_sentinel_url,
+)
+
+log = logging.getLogger(__name__)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # A sync or asyncio connection to one Redis or to a Redis Cluster.
 SyncRedis = redis.Redis | RedisCluster
 AsyncRedis = redis.asyncio.Redis | AsyncRedisCluster
 
-# What "Redis is not there (yet)" looks like; anything else is a real error.
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+# What "Redis is not there (yet)" looks like, or is failing over (a cluster without a
+# master for some slots answers CLUSTERDOWN until a replica is promoted; its client
+# may find no node to ask meanwhile); anything else is a real error.
+UNREACHABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    RedisClusterException,
+)
 
 
 def cluster_url(url: str, cluster: bool = False) -> str | None:
@@ -33,26 +54,104 @@ def cluster_url(url: str, cluster: bool = False) -> str | None:
 
 
 def connect(url: str, cluster: bool = False, **options: Any) -> redis.Redis:
-    """A sync connection: redis-py's cluster client for a cluster, else a plain one.
-    Typed as ``redis.Redis``: the cluster client takes the same commands and pipelines
-    that tokenq sends (every script and multi-key command stays on one slot), so the
-    code that uses a connection needs no second annotation."""
+    """A sync connection: redis-py's cluster client for a cluster, its Sentinel client
+    for a ``redis+sentinel://`` URL, else a plain one. Typed as ``redis.Redis``: the
+    cluster client takes the same commands and pipelines that tokenq sends (every script
+    and multi-key command stays on one slot), so the code that uses a connection needs no
+    second annotation."""
+    if is_sentinel_url(url):
+        _not_a_cluster(url, cluster)
+        return connect_sentinel(url, **options)
     node = cluster_url(url, cluster)
     if node is None:
         return redis.Redis.from_url(url, **options)
-    return cast(redis.Redis, RedisCluster.from_url(node, **options))
+    client = RedisCluster.from_url(node, **options)
+    note_masters(client)
+    return cast(redis.Redis, client)
 
 
 def connect_async(url: str, cluster: bool = False, **options: Any) -> redis.asyncio.Redis:
     """The asyncio twin of ``connect``."""
+    if is_sentinel_url(url):
+        _not_a_cluster(url, cluster)
+        return connect_sentinel_async(url, **options)
     node = cluster_url(url, cluster)
     if node is None:
         return redis.asyncio.Redis.from_url(url, **options)
     return cast(redis.asyncio.Redis, AsyncRedisCluster.from_url(node, **options))
 
 
+def _not_a_cluster(url: str, cluster: bool) -> None:
+    if cluster:
+        raise InvalidRequest(
+            f"{shown_url(url)} names a Sentinel service, not a Redis Cluster: unset "
+            "TOKENQ_REDIS_CLUSTER (or give a redis+cluster:// URL)"
+        )
+
+
 def is_cluster(connection: Any) -> bool:
     return isinstance(connection, RedisCluster | AsyncRedisCluster)
+
+
+def refresh(connection: Any) -> None:
+    """After an error, have a cluster client read the slot map again (a master may have
+    failed over), so its next command goes to the new one; nothing for one Redis."""
+    try:
+        if isinstance(connection, RedisCluster):
+            connection.nodes_manager.initialize()
+            note_masters(connection)
+    except (redis.RedisError, RedisClusterException) as e:
+        log.debug("cluster slot map refresh failed: %s", e)
+
+
+async def refresh_async(connection: Any) -> None:
+    try:
+        if isinstance(connection, AsyncRedisCluster):
+            await connection.nodes_manager.initialize()
+            note_masters(connection)
+    except (redis.RedisError, RedisClusterException) as e:
+        log.debug("cluster slot map refresh failed: %s", e)
+
+
+# The masters this process last saw in each cluster it talks to (told apart by their
+# nodes): a master not seen before (a replica promoted) is said once in the log, as
+# Sentinel's change of primary is, whichever of the process's clients sees it first.
+@dataclass
+class _SeenCluster:
+    nodes: set[str]
+    masters: frozenset[str]
+
+
+_clusters_seen: list[_SeenCluster] = []
+_seen_lock = threading.Lock()
+
+
+def note_masters(connection: Any) -> None:
+    """Record a cluster client's masters; log a failover the first time one is seen.
+    Called when a client connects, re-reads its slot map, or works again after errors
+    (redis-py may have re-read the slot map by itself); nothing for one Redis."""
+    if not isinstance(connection, RedisCluster | AsyncRedisCluster):
+        return
+    masters = frozenset(node.name for node in connection.get_primaries())
+    if not masters:
+        return  # an asyncio client that has not read its slot map yet
+    nodes = {node.name for node in connection.get_nodes()}
+    with _seen_lock:
+        seen = next((c for c in _clusters_seen if c.nodes & nodes), None)
+        if seen is None:
+            _clusters_seen.append(_SeenCluster(nodes, masters))
+            return
+        seen.nodes |= nodes
+        before = seen.masters
+        if masters < before:
+            return  # a dead master not replaced yet: wait for the promotion
+        seen.masters = masters
+    if masters - before:
+        log.warning(
+            "Redis Cluster failed over: %s now master (was: %s)",
+            ", ".join(sorted(masters - before)),
+            ", ".join(sorted(before - masters)) or "none",
+        )
 
 
 def close(connection: SyncRedis) -> None:
@@ -82,6 +181,8 @@ class Backoff:
 
 def shown_url(url: str) -> str:
     """``url`` with any password replaced, fit for logs and error messages."""
+    if is_sentinel_url(url):
+        return shown_sentinel_url(url)
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -44,6 +44,19 @@ class UnknownModel(InvalidRequest):
         self.model = model
 
 
+class ModelUnavailable(UnknownModel):
+    """No worker serves this model, and the last one to try could not load it."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        InvalidRequest.__init__(
+            self,
+            f"model {model!r} is not served: the last worker started for it could not load "
+            f"it ({reason}); fix that and start a worker again",
+        )
+        self.model = model
+        self.reason = reason
+
+
 class UnknownAdapter(InvalidRequest):
     """The request names a LoRA adapter that is not registered for its model."""
 
@@ -54,6 +67,19 @@ class UnknownAdapter(InvalidRequest):
         )
         self.model = model
         self.name = name
+
+
+class MissingCapability(InvalidRequest):
+    """No live worker of the model can serve what the request asks for."""
+
+    def __init__(self, model: str, capability: str) -> None:
+        super().__init__(
+            f"no live worker of model {model!r} serves {capability}: its workers lack the "
+            "grammar backend (xgrammar); ask without guided_json / guided_regex / "
+            "response_format, or start a worker that has it"
+        )
+        self.model = model
+        self.capability = capability
 
 
 class NotFound(TokenqError, KeyError):
@@ -69,3 +95,18 @@ class RequestTimeout(TokenqError, TimeoutError):
 
 class RequestFailed(TokenqError):
     """A request ended without the answer asked for (failed, cancelled or expired)."""
+
+
+class ReplicationTimeout(TokenqError):
+    """Redis took a write that decides a request's fate, but fewer replicas than
+    TOKENQ_REDIS_MIN_REPLICAS confirmed it in time: a failover now could lose it."""
+
+    def __init__(self, what: str, acked: int, wanted: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"{what}: only {acked} of the {wanted} Redis replica(s) TOKENQ_REDIS_MIN_REPLICAS "
+            f"asks for confirmed it within {timeout_ms} ms (TOKENQ_REDIS_REPLICA_TIMEOUT_MS); "
+            "check the replicas (INFO replication on the primary) and retry, or lower "
+            "TOKENQ_REDIS_MIN_REPLICAS"
+        )
+        self.acked = acked
+        self.wanted = wanted

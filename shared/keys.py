@@ -156,6 +156,21 @@ class Keys:
         """Present while some worker has served the model recently (see enqueue.lua)."""
         return self._q(tag, "served")
 
+    def load_failure(self, tag: str) -> str:
+        """Why the model's last worker could not load it (a line), while no worker serves
+        it: enqueue.lua refuses requests for it with that reason."""
+        return self._q(tag, "load_failure")
+
+    def limits(self, tag: str) -> str:
+        """Hash worker id -> ModelLimits json: what each of the model's workers can take
+        (shared.limits; a submit refuses what none would run)."""
+        return self._q(tag, "limits")
+
+    def guided_served(self, tag: str) -> str:
+        """Present while a live worker of the model serves structured outputs (its grammar
+        backend works): enqueue.lua refuses structured requests without it."""
+        return self._q(tag, "guided_served")
+
     def reaper_lock(self, tag: str) -> str:
         return self._q(tag, "reaper")
 
@@ -172,6 +187,26 @@ class Keys:
         enqueue until they end (kept while dead-lettered): claim.lua leaves a worker the
         ones it cannot serve. A request without an entry is a base request."""
         return self._q(tag, "lora_ranks")
+
+    def prefixes(self, tag: str) -> str:
+        """Hash id -> the queued request's prefix fingerprints, space-separated, shortest
+        cut first (shared/prefixes.py), from enqueue until claimed or ended."""
+        return self._q(tag, "prefixes")
+
+    def passes(self, tag: str) -> str:
+        """Hash id -> '<claims>:<first ms>': how often, since when, claims passed the
+        queued request over for a warm match (claim.lua bounds both)."""
+        return self._q(tag, "passes")
+
+    def warm(self, tag: str, worker_id: str) -> str:
+        """Set of the fingerprints ``worker_id`` holds in its prefix cache (warm.lua),
+        expiring with its heartbeat."""
+        return self._q(tag, f"warm:{worker_id}")
+
+    def warm_publishers(self, tag: str) -> str:
+        """Zset worker id -> when its warm set expires (ms): the model's workers that
+        publish one, so that each learns its peers' sets (warm.lua)."""
+        return self._q(tag, "warm-publishers")
 
     def scores(self, tag: str) -> str:
         """Hash id -> the queue score a claimed request goes back to if put back."""

@@ -16,6 +16,8 @@ PREEMPTIONS = "tokenq:num_preemptions"
 KV_CACHE_USAGE = "tokenq:kv_cache_usage_perc"
 PREFIX_CACHE_QUERIES = "tokenq:prefix_cache_queries"  # prompt tokens looked up in the cache
 PREFIX_CACHE_HITS = "tokenq:prefix_cache_hits"  # of those, tokens found cached
+# Requests a claim took for a prefix the worker holds warm, ahead of queue order.
+AFFINITY_CLAIMS = "tokenq:affinity_claims"
 # Per tenant (at most MAX_TENANT_LABELS tenants by name, the rest as 'other').
 TENANT_PROMPT_TOKENS = "tokenq:tenant_prompt_tokens"
 TENANT_GENERATION_TOKENS = "tokenq:tenant_generation_tokens"

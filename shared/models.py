@@ -20,6 +20,16 @@ MAX_LOGIT_BIAS_ITEMS = 300
 MAX_GUIDED_JSON_BYTES = 64_000
 MAX_GUIDED_REGEX_CHARS = 4_000
 MAX_N = 16
+# Bounds that hold whatever the model: no vocabulary is this large (a model's own is
+# registered by its workers, shared.limits), and no context this long.
+MAX_VOCAB_SIZE = 1 << 24
+MAX_MAX_TOKENS = 1_000_000
+# The least temperature above 0 (greedy): logits divided by it stay finite in float32
+# (|logit| <= ~1e3 with logit_bias, / 1e-3 = 1e6), and below it sampling is greedy in
+# all but name.
+MIN_TEMPERATURE = 1e-3
+MIN_REPETITION_PENALTY = 1e-2  # positive logits are divided by it
+TokenId = Annotated[int, Field(ge=0, lt=MAX_VOCAB_SIZE)]
 MAX_EMBEDDING_DIMENSIONS = 65_536
 MAX_PROMPT_TOKEN_IDS = 1_000_000
 # A token-id prompt counts as this many characters a token (the usual English estimate),
@@ -70,20 +80,25 @@ class _Strict(BaseModel):
 
 
 class SamplingParams(_Strict):
-    """How to pick tokens. ``temperature == 0`` is greedy and deterministic."""
+    """How to pick tokens. ``temperature == 0`` is greedy and deterministic. Every
+    number is bounded here; what depends on the model (token ids within its vocabulary,
+    prompt and max_tokens within its context) is checked against the limits its
+    workers register (``shared.limits``), at submit and again by the worker."""
 
-    max_tokens: int = Field(256, ge=1, le=1_000_000)
-    min_tokens: int = Field(0, ge=0)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    max_tokens: int = Field(256, ge=1, le=MAX_MAX_TOKENS)
+    min_tokens: int = Field(0, ge=0, le=MAX_MAX_TOKENS)
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 means no top-k cut")
+    top_k: int = Field(0, ge=0, le=MAX_VOCAB_SIZE, description="0 means no top-k cut")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop tokens below min_p * the top's")
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=10.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = Field(
         (), max_length=MAX_STOP_STRINGS
     )
-    stop_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = Field((), max_length=64)
+    stop_token_ids: tuple[TokenId, ...] = Field((), max_length=64)
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     presence_penalty: float = Field(
@@ -92,8 +107,8 @@ class SamplingParams(_Strict):
     frequency_penalty: float = Field(
         0.0, ge=-2.0, le=2.0, description="subtracted per occurrence among generated tokens"
     )
-    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] = (
-        Field(default_factory=dict, max_length=MAX_LOGIT_BIAS_ITEMS)
+    logit_bias: dict[TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]] = Field(
+        default_factory=dict, max_length=MAX_LOGIT_BIAS_ITEMS
     )
     guided_json: dict[str, Any] | None = Field(
         None, description="a JSON schema the output must fit ({} or {'type': 'object'}: any)"
@@ -106,6 +121,16 @@ class SamplingParams(_Strict):
         description="an xgrammar structural tag ({'type': 'structural_tag', 'format': ...}): "
         "free text with constrained parts, such as a model's own tool-call format",
     )
+
+    @field_validator("temperature")
+    @classmethod
+    def _divisible(cls, temperature: float) -> float:
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature {temperature} is too small to sample with: give 0 (greedy) "
+                f"or at least {MIN_TEMPERATURE}"
+            )
+        return temperature
 
     @model_validator(mode="after")
     def _min_le_max(self) -> SamplingParams:
@@ -124,12 +149,13 @@ class SamplingParams(_Strict):
         """A schema, or a structural tag's schemas, that the grammar can enforce."""
         if schema is None:
             return None
-        if len(orjson.dumps(schema)) > MAX_GUIDED_JSON_BYTES:
-            raise ValueError(f"it is over {MAX_GUIDED_JSON_BYTES} bytes of JSON")
         try:
-            check_json_schema(schema)
-        except UnsupportedSchema as e:
+            check_json_schema(schema)  # first: it bounds the depth, which orjson limits
+            num_bytes = len(orjson.dumps(schema))
+        except (UnsupportedSchema, orjson.JSONEncodeError) as e:
             raise ValueError(str(e)) from e
+        if num_bytes > MAX_GUIDED_JSON_BYTES:
+            raise ValueError(f"it is over {MAX_GUIDED_JSON_BYTES} bytes of JSON")
         return schema
 
     @property
@@ -200,7 +226,8 @@ class ChatMessage(_Strict):
         return view
 
 
-MetadataValue = str | int | float | bool | None
+# JSON integers as every reader holds them (orjson writes no wider ones).
+MetadataValue = str | Annotated[int, Field(ge=-(2**63), lt=2**63)] | float | bool | None
 
 
 class GenerationRequest(_Strict):
@@ -210,7 +237,7 @@ class GenerationRequest(_Strict):
     version: int = SCHEMA_VERSION
     model: str = Field(min_length=1, max_length=200, pattern=r"^[\w.\-/:@+=,]+$")
     prompt: str | None = Field(None, min_length=1)
-    prompt_token_ids: tuple[Annotated[int, Field(ge=0)], ...] | None = Field(
+    prompt_token_ids: tuple[TokenId, ...] | None = Field(
         None, min_length=1, max_length=MAX_PROMPT_TOKEN_IDS, description="a prompt as token ids"
     )
     messages: tuple[ChatMessage, ...] | None = Field(None, min_length=1, max_length=1000)
@@ -227,7 +254,7 @@ class GenerationRequest(_Strict):
     )
     priority: int = int(Priority.NORMAL)
     sampling: SamplingParams = SamplingParams()
-    deadline_ms: int | None = Field(None, ge=0, description="unix time in ms")
+    deadline_ms: int | None = Field(None, ge=0, lt=2**53, description="unix time in ms")
     idempotency_key: str | None = Field(None, min_length=1, max_length=256)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=MAX_METADATA_ITEMS)
     task: Task = "generate"
@@ -249,14 +276,14 @@ class GenerationRequest(_Strict):
         reserved = sorted(set(kwargs or ()) & RESERVED_TEMPLATE_KWARGS)
         if reserved:
             raise ValueError(f"{reserved[0]!r} is the chat template call's own; leave it out")
-        if kwargs is not None and len(orjson.dumps(kwargs)) > MAX_GUIDED_JSON_BYTES:
+        if kwargs is not None and len(_json(kwargs)) > MAX_GUIDED_JSON_BYTES:
             raise ValueError(f"it is over {MAX_GUIDED_JSON_BYTES} bytes of JSON")
         return kwargs
 
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools: tuple[FunctionSpec, ...] | None) -> tuple[FunctionSpec, ...] | None:
-        num_bytes = len(orjson.dumps([t.model_dump() for t in tools or ()]))
+        num_bytes = len(_json([t.model_dump() for t in tools or ()]))
         if num_bytes > MAX_TOOLS_JSON_BYTES:
             raise ValueError(f"the tools are over {MAX_TOOLS_JSON_BYTES} bytes of JSON")
         return tools
@@ -294,6 +321,15 @@ class GenerationRequest(_Strict):
         if self.prompt_token_ids is not None:
             return len(self.prompt_token_ids) * CHARS_PER_TOKEN_ID
         return sum(len(m.content) for m in self.messages or ())
+
+
+def _json(value: object) -> bytes:
+    """``value`` as JSON; ValueError (a validation error) where orjson cannot write it
+    (nested past its depth limit)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as e:
+        raise ValueError(f"it cannot be written as JSON: {e}") from e
 
 
 def check_weight(value: object) -> float:

@@ -173,7 +173,7 @@ def limited_enqueue_flow(
 
 def _held_id(enqueued: Enqueued) -> str | None:
     """The id that holds a place: a newly queued request (a duplicate holds none)."""
-    return None if enqueued.duplicate or enqueued.refused else enqueued.request_id
+    return None if enqueued.duplicate or enqueued.refused is not None else enqueued.request_id
 
 
 def rate_limited(verdict: Verdict) -> RateLimited:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.calls import Moved
 from shared.flows import Flow, drive, drive_async, ended_flow, fence_flow
 from shared.keys import Keys
+from shared.ops.moves import EndOutcome, EndScript, Fate, FenceMode, Moved
 from shared.replies import text
 from shared.scripts import AsyncScripts, Scripts
 from shared.settings import Settings
@@ -50,16 +50,16 @@ def reap_flow(keys: Keys, settings: Settings, tag: str, owner: str) -> Flow[Reap
     expired = _ids(lapsed)
     tokens = yield [("HMGET", keys.owners(tag), *expired)] if expired else []
     held = {i: text(t) for i, t in zip(expired, tokens[0] if tokens else [], strict=False) if t}
-    fenced = yield from fence_flow(keys, settings, tag, held, "reap")
+    fenced = yield from fence_flow(keys, settings, tag, held, FenceMode.REAP)
     queued = [i for i in _ids(late) if i not in held]
-    expiring = yield from ended_flow(keys, settings, "expire", queued)
+    expiring = yield from ended_flow(keys, settings, EndScript.EXPIRE, queued)
     return _count(fenced, expiring)
 
 
-def _count(fenced: list[Moved], expiring: list[Moved]) -> Reaped:
+def _count(fenced: list[Moved], expiring: list[EndOutcome]) -> Reaped:
     states = [m.state for m in fenced]
-    ended = states.count("cancelled") + [m.state for m in expiring].count("expired")
-    return Reaped(requeued=states.count("queued"), dead=states.count("dead"), ended=ended)
+    ended = states.count(Fate.CANCELLED) + expiring.count(EndOutcome.EXPIRED)
+    return Reaped(requeued=states.count(Fate.QUEUED), dead=states.count(Fate.DEAD), ended=ended)
 
 
 def reap_once(

@@ -2,17 +2,18 @@
 
 Each script touches one hash slot (see the header of ``shared/lua/_lib.lua`` for how a
 change that spans a request's slot and its model's runs as two scripts). Calls are
-built by pure functions in ``shared.calls``; multi-step operations are sequenced in
+built by the typed units of ``shared.ops``; multi-step operations are sequenced in
 ``shared.flows``; this module only sends them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio
@@ -20,7 +21,15 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from shared.connection import UNREACHABLE, refresh, refresh_async
 from shared.priority import lua_constants
+from shared.replication import (
+    NO_REPLICAS,
+    Confirm,
+    Replicas,
+    confirm_cluster,
+    confirm_cluster_async,
+)
 
 SCRIPT_NAMES = (
     "admit",
@@ -29,15 +38,14 @@ SCRIPT_NAMES = (
     "claim",
     "start",
     "publish",
-    "finish",
     "fence",
     "settle",
     "cancel",
     "expire",
     "renew",
+    "warm",
     "reset",
     "retry",
-    "charge",
     "ratelimit",
     "usage",
 )
@@ -46,10 +54,29 @@ ARG = str | int | float
 
 @cache
 def load_source(name: str) -> str:
-    """The script's source with the shared constants and helper library in front of it."""
+    """The script's source with the shared constants and the parts of the helper library
+    it uses in front of it (the library runs on every call: what a script never calls
+    would cost it a closure per function per call)."""
     lua = resources.files("shared") / "lua"
-    library = (lua / "_lib.lua").read_text()
-    return lua_constants() + library + "\n" + (lua / f"{name}.lua").read_text()
+    body = (lua / f"{name}.lua").read_text()
+    return lua_constants() + used_library((lua / "_lib.lua").read_text(), body) + "\n" + body
+
+
+LUA_FUNCTION = re.compile(r"^local function (\w+)", re.MULTILINE)
+
+
+def used_library(library: str, body: str) -> str:
+    """The chunks of ``library`` (blank-line separated, each defining functions) that
+    ``body`` calls, and those they call, in the library's order."""
+    chunks = [(c, LUA_FUNCTION.findall(c)) for c in library.split("\n\n")]
+    needed, text = set[str](), body
+    while True:
+        more = {n for c, names in chunks for n in names if n not in needed and f"{n}(" in text}
+        if not more:
+            break
+        needed |= more
+        text = "\n".join(c for c, names in chunks if needed & set(names)) + body
+    return "\n\n".join(c for c, names in chunks if needed & set(names))
 
 
 @dataclass(frozen=True)
@@ -60,10 +87,14 @@ class ScriptCall:
 
 
 class Scripts:
-    """The scripts registered on one sync connection (EVALSHA after one SCRIPT LOAD)."""
+    """The scripts registered on one sync connection (EVALSHA after one SCRIPT LOAD).
+    ``replicas``: what a round trip sent with a ``Confirm`` waits for (``shared.replication``)."""
 
-    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+    def __init__(
+        self, client: redis.Redis | RedisCluster, replicas: Replicas = NO_REPLICAS
+    ) -> None:
         self._client = client
+        self.replicas = replicas
         self._by_name = {n: client.register_script(load_source(n)) for n in SCRIPT_NAMES}
         self._loaded = False
 
@@ -78,26 +109,48 @@ class Scripts:
             return script(keys=call.keys, args=call.args)
         return pipe.execute_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
 
-    def send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
+    def send(
+        self, commands: Sequence[ScriptCall | tuple[Any, ...]], confirm: Confirm | None = None
+    ) -> list[Any]:
         """One pipelined round trip. After a Redis restart (NOSCRIPT) the scripts are
         loaded again and the round trip is sent again, so every step sent through here
-        must be safe to repeat (each flow's steps are: see ``shared.flows``)."""
+        must be safe to repeat (each flow's steps are: see ``shared.flows``). With
+        ``confirm`` and replicas wanted, it returns once they have the writes
+        (ReplicationTimeout if not in time)."""
+        confirm = confirm if self.replicas.wanted and confirm and confirm.keys else None
         try:
-            return self._send(commands)
+            return self._send(commands, confirm)
         except NoScriptError:
             self._load()
-            return self._send(commands)
+            return self._send(commands, confirm)
+        except UNREACHABLE:
+            refresh(self._client)  # a cluster's master may have failed over
+            raise
 
-    def _send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
-        if not commands:
+    def _send(
+        self, commands: Sequence[ScriptCall | tuple[Any, ...]], confirm: Confirm | None
+    ) -> list[Any]:
+        if not commands and confirm is None:
             return []
+        cluster = isinstance(self._client, RedisCluster)
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             if isinstance(command, ScriptCall):
                 self.run(command, pipe)
             else:
                 pipe.execute_command(*command)
-        return pipe.execute()
+        if confirm is not None and not cluster:
+            for extra in self.replicas.commands(confirm.keys[0]):
+                pipe.execute_command(*extra)
+        replies = pipe.execute() if commands or (confirm is not None and not cluster) else []
+        if confirm is not None and cluster:
+            confirm_cluster(
+                cast(RedisCluster, self._client), confirm.keys, self.replicas, confirm.what
+            )
+        elif confirm is not None:
+            self.replicas.check(replies[-1], confirm.what)
+            replies = replies[:-2]
+        return replies
 
     def reload(self) -> None:
         self._load()
@@ -121,8 +174,11 @@ class Scripts:
 class AsyncScripts:
     """The scripts registered on one asyncio connection."""
 
-    def __init__(self, client: redis.asyncio.Redis | AsyncRedisCluster) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis | AsyncRedisCluster, replicas: Replicas = NO_REPLICAS
+    ) -> None:
         self._client = client
+        self.replicas = replicas
         self._by_name = {n: client.register_script(load_source(n)) for n in SCRIPT_NAMES}
         self._loaded = False
 
@@ -135,24 +191,44 @@ class AsyncScripts:
             return await script(keys=call.keys, args=call.args)
         return pipe.execute_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
 
-    async def send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
+    async def send(
+        self, commands: Sequence[ScriptCall | tuple[Any, ...]], confirm: Confirm | None = None
+    ) -> list[Any]:
         """The asyncio twin of ``Scripts.send``."""
+        confirm = confirm if self.replicas.wanted and confirm and confirm.keys else None
         try:
-            return await self._send(commands)
+            return await self._send(commands, confirm)
         except NoScriptError:
             await self._load()
-            return await self._send(commands)
+            return await self._send(commands, confirm)
+        except UNREACHABLE:
+            await refresh_async(self._client)
+            raise
 
-    async def _send(self, commands: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
-        if not commands:
+    async def _send(
+        self, commands: Sequence[ScriptCall | tuple[Any, ...]], confirm: Confirm | None
+    ) -> list[Any]:
+        if not commands and confirm is None:
             return []
+        cluster = isinstance(self._client, AsyncRedisCluster)
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             if isinstance(command, ScriptCall):
                 await self.run(command, pipe)
             else:
                 pipe.execute_command(*command)
-        return await pipe.execute()
+        if confirm is not None and not cluster:
+            for extra in self.replicas.commands(confirm.keys[0]):
+                pipe.execute_command(*extra)
+        queued = commands or (confirm is not None and not cluster)
+        replies = await pipe.execute() if queued else []
+        if confirm is not None and cluster:
+            client = cast(AsyncRedisCluster, self._client)
+            await confirm_cluster_async(client, confirm.keys, self.replicas, confirm.what)
+        elif confirm is not None:
+            self.replicas.check(replies[-1], confirm.what)
+            replies = replies[:-2]
+        return replies
 
     async def _load(self) -> None:
         if isinstance(self._client, AsyncRedisCluster):

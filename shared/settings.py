@@ -13,7 +13,14 @@ class Settings(BaseSettings):
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     # A Redis Cluster: a redis+cluster:// URL of any node, or any URL with this set.
+    # A primary found through Sentinel: redis+sentinel://HOST:PORT[,...]/SERVICE[/DB].
     redis_cluster: bool = False
+    # Writes that decide a request's fate (a submit, a claim, a final, a cancel, a dead
+    # letter, a reclaim) return only once this many replicas have them (WAIT), or fail
+    # with ReplicationTimeout after redis_replica_timeout_ms; 0: as soon as the primary
+    # has them (replication is asynchronous: a failover can lose the last moments).
+    redis_min_replicas: int = Field(0, ge=0)
+    redis_replica_timeout_ms: int = Field(2_000, ge=1)
     namespace: str = Field("tokenq", pattern=r"^[A-Za-z0-9_\-]{1,64}$")
     default_model: str = DEFAULT_MODEL
     # Backpressure: queued requests allowed per model before submit raises QueueFull.
@@ -30,6 +37,13 @@ class Settings(BaseSettings):
     lease_ms: int = Field(10_000, ge=100)
     max_attempts: int = Field(3, ge=1)
     worker_heartbeat_ms: int = Field(2_000, ge=50)
+    # A claim prefers queued requests whose prefix this worker holds in its cache
+    # (claim.lua, bounded so priority and waiting time still rule); false: queue order.
+    prefix_affinity: bool = True
+    # How long a request may be passed over for other workers' warm matches before any
+    # claim takes it first (it is also taken after 16 passes, whichever comes first):
+    # about a request's service time, so that its warm worker has a chance to free a row.
+    prefix_affinity_max_wait_ms: int = Field(1_000, ge=0)
     drain_timeout_s: float = Field(30.0, ge=0)
     # A worker holds what its engine steps produce for up to this long and then writes
     # it in one round trip: each request's tokens since its last write as one stream
@@ -66,6 +80,8 @@ class Settings(BaseSettings):
     # Gateway API keys: JSON {"sk-a": {"tenant": "acme", "max_priority": "high"}} or
     # compact "sk-a=acme:high,sk-b=beta"; empty leaves the gateway open (it says so).
     api_keys: SecretStr = SecretStr("")
+    # The gateway refuses a request body past this with 413, counting as it arrives.
+    gateway_max_body_bytes: int = Field(8 * 1024 * 1024, ge=1)
     # A rate limit's concurrent place lapses after this long even if its request's end
     # was never seen (shared.ratelimit).
     rate_limit_inflight_s: int = Field(3600, ge=1)

@@ -37,11 +37,18 @@ def record_call(
     used: Sequence[tuple[str | None, Usage]],
     now_s: float | None = None,
 ) -> ScriptCall:
-    """usage.lua: each (tenant, usage) added to the current hour."""
+    """usage.lua: each (tenant, usage) added to the current hour (summed per tenant
+    first: three counters per tenant, however many of its requests ended)."""
     key = keys.usage(hour_of(time.time() if now_s is None else now_s))
-    args = [
-        a for tenant, u in used for a in (tenant or NO_TENANT, u.prompt_tokens, u.completion_tokens)
-    ]
+    sums: dict[str, list[int]] = {}
+    for tenant, u in used:
+        row = sums.setdefault(tenant or NO_TENANT, [0, 0, 0])
+        row[0] += u.prompt_tokens
+        row[1] += u.completion_tokens
+        row[2] += 1
+    args: list[str | int] = []
+    for tenant, row in sums.items():
+        args += [tenant, *row]
     return ScriptCall("usage", [key], [settings.usage_retention_s, *args])
 
 

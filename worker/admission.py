@@ -8,32 +8,26 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import redis
-
-from shared.keys import Keys
-from shared.loras import get_lora
-from shared.models import FunctionSpec, GenerationRequest, TokenEvent
-from shared.records import stream_event
+from shared.models import FunctionSpec, GenerationRequest
 from worker.engine.request import EngineRequest, LoraRef
 from worker.held import Held
+from worker.prefix_cuts import Encoder as TextEncoder
+from worker.prefix_cuts import PrefixCuts
+from worker.queue import ModelQueue
 
 
-class Encoder(Protocol):
+class Encoder(TextEncoder, Protocol):
+    """The engine's encoding, as admission needs it: the prefix cuts' and the vocabulary."""
+
     @property
     def vocab_size(self) -> int: ...
-    def encode_prompt(self, prompt: str) -> list[int]: ...
-    def encode_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> list[int]: ...
 
 
 def engine_request(
-    encoder: Encoder, connection: redis.Redis, keys: Keys, model: str, held: Held
+    encoder: Encoder, queue: ModelQueue, held: Held, cuts: PrefixCuts | None = None
 ) -> EngineRequest:
-    """Raises when the tokenizer, its chat template or the adapter registry refuses it."""
+    """Raises when the tokenizer, its chat template or the adapter registry refuses it.
+    ``cuts`` maps its prefix fingerprints to its tokens (prefix affinity)."""
     req = held.request
     ids = prompt_token_ids(encoder, req)
     held.num_prompt_tokens = len(ids)
@@ -49,7 +43,8 @@ def engine_request(
         deadline_unix_s=deadline,
         task=req.task,
         dimensions=req.dimensions,
-        lora=lora_ref(connection, keys, model, req),
+        lora=lora_ref(queue, req),
+        prefix_cuts=() if cuts is None else cuts.of(req, ids),
     )
 
 
@@ -83,22 +78,19 @@ def checked_token_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
     return list(token_ids)  # not reached: the max was out of range
 
 
-def lora_ref(
-    connection: redis.Redis, keys: Keys, model: str, req: GenerationRequest
-) -> LoraRef | None:
+def lora_ref(queue: ModelQueue, req: GenerationRequest) -> LoraRef | None:
     """Where the request's adapter is, read from the registry when it is claimed."""
     if req.lora is None:
         return None
-    adapter = get_lora(connection, keys, model, req.lora)
+    adapter = queue.lora(req.lora)
     if adapter is None:
-        raise ValueError(f"LoRA adapter {req.lora!r} is no longer registered for model {model!r}")
+        raise ValueError(
+            f"LoRA adapter {req.lora!r} is no longer registered for model {queue.model!r}"
+        )
     return LoraRef(adapter.name, adapter.path)
 
 
-def restore(connection: redis.Redis, keys: Keys, held: Held) -> None:
+def restore(queue: ModelQueue, held: Held) -> None:
     """Take back what earlier attempts published, so generation resumes after it."""
-    entries: Any = connection.xrange(keys.stream(held.request_id))
-    for entry_id, fields in entries:
-        event = stream_event(entry_id, fields).event
-        if isinstance(event, TokenEvent):
-            held.record(list(event.token_ids), event.text)
+    for event in queue.published(held.request_id):
+        held.record(list(event.token_ids), event.text)

@@ -5,88 +5,101 @@ whose worker died."""
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import redis
-from redis.exceptions import NoScriptError
 
-from shared.calls import renew_call
-from shared.keys import Keys
-from shared.reaper import reap_once
-from shared.registry import register_worker
-from shared.scripts import Scripts
-from shared.settings import Settings
-from worker.publisher import LEASE_LOST
-from worker.service import WorkerService
+from shared.connection import UNREACHABLE
+from shared.errors import ReplicationTimeout
+from shared.ops.renew import RenewCode
+from worker.queue import ModelQueue
 
 log = logging.getLogger(__name__)
 
 
+class Holder(Protocol):
+    """What the heartbeat needs of the worker loop it beats for."""
+
+    stopping: threading.Event
+    lost: queue.SimpleQueue[str]  # leases found lost, for the loop to drop
+    cancelled: queue.SimpleQueue[str]  # cancels found asked for, for the loop to act on
+
+    def held_leases(self) -> dict[str, str]: ...
+    def ending(self, request_id: str) -> bool: ...
+    def figures(self) -> dict[str, Any]: ...
+    def warm_fingerprints(self) -> list[str]: ...
+
+
 class Heartbeat(threading.Thread):
-    def __init__(
-        self, service: WorkerService, connection: redis.Redis, info: dict[str, Any]
-    ) -> None:
+    def __init__(self, queue: ModelQueue, holder: Holder, info: dict[str, Any]) -> None:
         super().__init__(name="tokenq-heartbeat", daemon=True)
-        self.service = service
-        self.redis = connection
-        self.scripts = Scripts(connection)
+        self.queue = queue
+        self.holder = holder
         self.info = info
         self.done = threading.Event()
-        settings = service.settings
+        settings = queue.settings
         self.interval_s = min(settings.lease_ms / 3, settings.worker_heartbeat_ms) / 1000
-        self._last_tokens = 0
         self.last_ok_s = 0.0  # monotonic time of the last beat Redis acknowledged
-        self._last_time = time.monotonic()
+        self.failed_s = -float("inf")  # ... and of the last that failed
 
     def run(self) -> None:
         while not self.done.wait(self.interval_s):
             try:
+                recovering = self.failed_s > self.last_ok_s
                 self.beat()
-                self.reap()
-            except redis.RedisError as e:
+                if recovering:
+                    self.queue.recovered()
+                if self.may_reap():
+                    self.reap()
+            except (*UNREACHABLE, redis.RedisError, ReplicationTimeout) as e:
+                self.failed_s = time.monotonic()
+                self.queue.refresh()
                 log.warning("heartbeat failed (%s); retrying", e)
+
+    def may_reap(self) -> bool:
+        """Not for a lease after Redis was away (a restart, a failover): every live
+        worker's leases lapsed meanwhile, and each needs a beat to renew them before
+        anyone takes them for dead."""
+        return time.monotonic() - self.failed_s > self.queue.settings.lease_ms / 1000
 
     def stop(self) -> None:
         self.done.set()
         self.join(timeout=5)
-        self.deregister()
+        self.queue.deregister()
 
     def beat(self) -> None:
-        s = self.service
-        held = s.held_leases()
-        pipe = self.redis.pipeline(transaction=False)
-        if held:
-            # Leases on the model's slot; cancel flags on each request's own.
-            self.scripts.run(renew_call(s.keys, s.settings, s.tag, held), pipe)
-            for request_id in held:
-                pipe.hget(s.keys.request(request_id), "cancel")
-        self._register(pipe)
-        pipe.get(s.keys.worker_control(s.worker_id))
-        try:
-            replies = pipe.execute()
-        except NoScriptError:  # Redis restarted without its scripts: load them; next beat
-            self.scripts.reload()
-            raise
-        self.last_ok_s = time.monotonic()
-        if held:
-            self._apply(list(held), replies[0], replies[1 : 1 + len(held)])
-        self._obey(replies[-1])
+        held = self.holder.held_leases()
+        fields = {**self.info, **self.holder.figures()}
+        beat = self.queue.beat(held, fields, self.holder.warm_fingerprints())
+        now_s = time.monotonic()
+        if self.last_ok_s and now_s - self.last_ok_s > 3 * self.interval_s + 1:
+            self.failed_s = now_s  # Redis was away (its client retried through a failover)
+        self.last_ok_s = now_s
+        for request_id, code in beat.renewed.items():
+            if code is RenewCode.LEASE_LOST and self.holder.ending(request_id):
+                continue  # its finish went out meanwhile; the finish's reply settles it
+            if code is RenewCode.LEASE_LOST:
+                log.warning("lease on %s expired; it resumes elsewhere", request_id)
+                self.holder.lost.put(request_id)
+            elif request_id in beat.cancelled:
+                self.holder.cancelled.put(request_id)
+        self._obey(beat.order)
 
-    def _obey(self, order: bytes | None) -> None:
+    def _obey(self, order: str | None) -> None:
         """Operators drain a worker (dashboard, CLI) by writing 'drain' to its control key."""
-        if order == b"drain" and not self.service.stopping.is_set():
+        if order == "drain" and not self.holder.stopping.is_set():
             log.info("drain requested by an operator: no more claims; finishing what is held")
-            self.service.stopping.set()
+            self.holder.stopping.set()
 
     def healthy(self) -> bool:
         """Redis answered a recent beat."""
         return time.monotonic() - self.last_ok_s < 3 * self.interval_s + 1
 
     def reap(self) -> None:
-        s = self.service
-        reaped = reap_once(self.redis, self.scripts, s.settings, s.tag, s.worker_id)
+        reaped = self.queue.reap()
         if reaped is not None and (reaped.requeued or reaped.dead or reaped.ended):
             log.info(
                 "reaper: %d requeued, %d dead-lettered, %d ended (expired or cancelled)",
@@ -95,70 +108,23 @@ class Heartbeat(threading.Thread):
                 reaped.ended,
             )
 
-    def _apply(self, ids: list[str], codes: list[int], cancels: list[Any]) -> None:
-        for request_id, code, cancel in zip(ids, codes, cancels, strict=True):
-            if code == LEASE_LOST and self.service.ending(request_id):
-                continue  # its finish went out meanwhile; the finish's reply settles it
-            if code == LEASE_LOST:
-                log.warning("lease on %s expired; it resumes elsewhere", request_id)
-                self.service.lost.put(request_id)
-            elif cancel == b"1":
-                self.service.cancelled.put(request_id)
-
-    def _register(self, pipe: Any) -> None:
-        s = self.service
-        register_worker(pipe, s.keys, s.settings, s.worker_id, {**self.info, **self._figures()})
-
-    def _figures(self) -> dict[str, Any]:
-        stats = self.service.engine.stats()
-        self.service.metrics.on_engine_stats(stats)
-        now, tokens = time.monotonic(), self.service.num_generated_tokens
-        rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
-        self._last_tokens, self._last_time = tokens, now
-        return {
-            "running": len(self.service.held),
-            "tokens_per_s": round(rate, 1),
-            "kv_cache_usage": round(stats.get("kv_cache_usage", 0.0), 3),
-            "prefix_cache_hit_rate": round(
-                stats.get("prefix_cache_hits", 0) / max(stats.get("prefix_cache_queries", 0), 1), 3
-            ),
-            "state": "draining" if self.service.stopping.is_set() else "serving",
-            "coalesce_p99_ms": round(self.service.coalescer.p99_delay_ms(), 1),
-            "loras": ",".join(self.service.engine.resident_loras()),
-        }
-
-    def deregister(self) -> None:
-        s = self.service
-        try:
-            self.redis.delete(s.keys.worker(s.worker_id))
-            self.redis.zrem(s.keys.workers(), s.worker_id)
-        except redis.RedisError:
-            pass  # the registry entry expires on its own
-
 
 class LoadingBeat(threading.Thread):
     """While the model loads: the worker is in the registry (state ``loading``) and its
     model counts as served, so requests submitted meanwhile queue instead of being
     refused, and dashboards show the worker coming up."""
 
-    def __init__(
-        self, connection: redis.Redis, settings: Settings, worker_id: str, info: dict[str, Any]
-    ) -> None:
+    def __init__(self, queue: ModelQueue, info: dict[str, Any]) -> None:
         super().__init__(name="tokenq-loading-beat", daemon=True)
-        self.redis = connection
-        self.settings = settings
-        self.keys = Keys(settings.namespace)
-        self.worker_id = worker_id
+        self.queue = queue
         self.info = {**info, "state": "loading"}
         self.done = threading.Event()
 
     def beat(self) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        register_worker(pipe, self.keys, self.settings, self.worker_id, self.info)
-        pipe.execute()
+        self.queue.register(self.info)
 
     def run(self) -> None:
-        while not self.done.wait(self.settings.worker_heartbeat_ms / 1000):
+        while not self.done.wait(self.queue.settings.worker_heartbeat_ms / 1000):
             try:
                 self.beat()
             except redis.RedisError as e:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from shared.models import FinalEvent, FinishReason, GenerationRequest, RequestState, Usage
+from shared.ops.claim import Claimed
 
 STATE_OF_REASON = {
     FinishReason.STOP: RequestState.FINISHED,
@@ -31,7 +32,11 @@ class Held:
     aborting: bool = False
     # Its finish is in a write (sent, or to be sent again): that write's reply settles it.
     ending: bool = False
+    done_in_engine: bool = False  # the engine gave its last output for it
     last_token_s: float | None = None
+    # Its prefix fingerprints (with prefix affinity on): published as warm while it is
+    # held, since its prefill puts them in the cache.
+    fingerprints: tuple[str, ...] = ()
 
     def record(self, token_ids: list[int], text: str) -> None:
         self.token_ids.extend(token_ids)
@@ -54,3 +59,39 @@ class Held:
         )
         vector = None if embedding is None else tuple(embedding)
         return FinalEvent(finish_reason=reason, usage=usage, error=error, embedding=vector)
+
+
+@dataclass
+class Handoffs:
+    """Requests the loop dropped while its engine still ran them, until the engine lets
+    go (its final output for them, at the next step), and claims of them made meanwhile:
+    the engine would take a second run of an id it is still ending for the first."""
+
+    aborting: set[str] = field(default_factory=set)
+    deferred: list[Claimed] = field(default_factory=list)
+
+    def dropped(self, held: Held) -> None:
+        if not held.done_in_engine:
+            self.aborting.add(held.request_id)
+
+    def let_go(self, request_id: str) -> None:
+        self.aborting.discard(request_id)
+
+    def defer(self, claimed: Claimed) -> bool:
+        """Whether ``claimed`` must wait (kept here until ``ready``)."""
+        if claimed.request_id not in self.aborting:
+            return False
+        self.deferred.append(claimed)
+        return True
+
+    def ready(self) -> list[Claimed]:
+        """Claims whose earlier run the engine has let go of, taken off the list."""
+        ready = [c for c in self.deferred if c.request_id not in self.aborting]
+        self.deferred = [c for c in self.deferred if c.request_id in self.aborting]
+        return ready
+
+    def take_leases(self) -> dict[str, str]:
+        """The deferred claims' leases (to hand back), taken off the list."""
+        leases = {c.request_id: c.lease_token for c in self.deferred}
+        self.deferred = []
+        return leases

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -14,15 +15,18 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from shared.chat import REGISTRY_FIELD as CHAT_FIELD
-from shared.connection import connect, wait_for_redis
+from shared.connection import UNREACHABLE, connect, wait_for_redis
 from shared.gc_policy import freeze_startup_objects
+from shared.registry import GUIDED_FIELD, LIMITS_FIELD, withdraw_failed_worker
 from shared.settings import Settings
 from shared.version import VERSION
 from worker.chat_template import chat_features
 from worker.engine.config import EngineConfig
+from worker.engine.errors import ModelLoadError
 from worker.heartbeat import Heartbeat, LoadingBeat
 from worker.metrics import WorkerMetrics, serve_http
 from worker.model_store import resolve_model
+from worker.queue import ModelQueue
 from worker.service import WorkerService
 from worker.sim import SimConfig, SimEngine, is_sim
 
@@ -48,6 +52,10 @@ class WorkerOptions:
     max_model_len: int | None = None
     self_check: bool = True
     trust_remote_code: bool = False
+    async_scheduling: bool = True
+    timed_forward_ms: float | None = None
+    grammar_compile_threads: int = 4
+    grammar_compile_timeout_s: float = 10.0
 
 
 def new_worker_id() -> str:
@@ -72,6 +80,10 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
         max_model_len=opts.max_model_len,
         self_check=opts.self_check,
         trust_remote_code=opts.trust_remote_code,
+        async_scheduling=opts.async_scheduling,
+        timed_forward_ms=opts.timed_forward_ms,
+        grammar_compile_threads=opts.grammar_compile_threads,
+        grammar_compile_timeout_s=opts.grammar_compile_timeout_s,
     )
     if opts.max_num_seqs is not None:
         config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again
@@ -94,17 +106,16 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     connection = connect(settings.redis_url, settings.redis_cluster, health_check_interval=30)
     wait_for_redis(connection, settings.redis_url, log)
     worker_id = new_worker_id()
-    loading = LoadingBeat(connection, settings, worker_id, _info(model_name, opts))
+    queue = ModelQueue(connection, settings, model_name, worker_id)
+    guided = serves_structured_outputs(config)
+    loading = LoadingBeat(queue, {**_info(model_name, opts), GUIDED_FIELD: int(guided)})
     loading.beat()  # the model counts as served from here on: requests queue meanwhile
     loading.start()
     metrics, readiness = WorkerMetrics(model_name), Readiness()
     if settings.worker_metrics_port is not None:
         serve_http(settings.worker_metrics_port, metrics, readiness)
-    try:
-        engine = build_engine(config)
-    finally:
-        loading.stop()
-    service = WorkerService(engine, connection, settings, model_name, worker_id, metrics)
+    engine = _load(config, loading, connection, settings, model_name)
+    service = WorkerService(engine, connection, settings, model_name, worker_id, metrics, guided)
     heartbeat = start_heartbeat(service, engine)
     readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
     _install_signal_handlers(service)
@@ -121,6 +132,28 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     log.info("worker %s stopped", service.worker_id)
 
 
+def _load(
+    config: EngineConfig | SimConfig,
+    loading: LoadingBeat,
+    connection: Any,
+    settings: Settings,
+    model_name: str,
+) -> Engine | SimEngine:
+    """The engine; if the model cannot be loaded, the worker takes back what it registered
+    and leaves the reason for submits to read (``withdraw_failed_worker``), then raises."""
+    try:
+        return build_engine(config)
+    except Exception as e:
+        loading.stop()
+        reason = str(e) if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {e}"
+        with contextlib.suppress(*UNREACHABLE):
+            q = loading.queue
+            withdraw_failed_worker(connection, q.keys, settings, q.worker_id, model_name, reason)
+        raise
+    finally:
+        loading.stop()
+
+
 class Readiness:
     """Not ready while the model loads; then whatever ``check`` says."""
 
@@ -133,6 +166,19 @@ class Readiness:
 
 def _info(model_name: str, opts: WorkerOptions) -> dict[str, Any]:
     return {"model": model_name, "version": VERSION, "pid": os.getpid(), "device": opts.device}
+
+
+def serves_structured_outputs(config: EngineConfig | SimConfig) -> bool:
+    """Whether this worker's grammar backend works; says so in one line when not (the
+    worker then registers that, and claims no structured request)."""
+    if isinstance(config, SimConfig):
+        return True  # a simulated model takes any request and ignores its grammar
+    from worker.engine.grammar import grammar_backend_problem
+
+    problem = grammar_backend_problem()
+    if problem is not None:
+        log.warning("structured outputs off on this worker: %s", problem)
+    return problem is None
 
 
 def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heartbeat:
@@ -148,11 +194,15 @@ def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heart
     }
     if engine.embedding_size is not None:  # the gateway refuses larger ``dimensions``
         info["embedding_size"] = engine.embedding_size
+    info[GUIDED_FIELD] = int(service.guided)
+    if not isinstance(engine, SimEngine):  # what a submit checks up front (shared.limits)
+        info[LIMITS_FIELD] = engine.limits(service.guided).model_dump_json()
     tokenizer = getattr(engine, "tokenizer", None)  # a simulated model has none
     if tokenizer is not None:  # tools through the template, and reasoning, are read by it
         info[CHAT_FIELD] = chat_features(tokenizer).to_field()
     s = service.settings
-    heartbeat = Heartbeat(service, connect(s.redis_url, s.redis_cluster), info)
+    queue = service.queue.sibling(connect(s.redis_url, s.redis_cluster))
+    heartbeat = Heartbeat(queue, service, info)
     heartbeat.beat()
     heartbeat.start()
     return heartbeat

@@ -43,6 +43,10 @@ class WorkerMetrics:
         self.prefix_hits = Counter(
             names.PREFIX_CACHE_HITS, "Prompt tokens found cached", by_model, registry=r
         )
+        self.affinity_claims = Counter(
+            names.AFFINITY_CLAIMS, "Requests claimed for a warm prefix", by_model, registry=r
+        )
+        self.num_affinity_claims = 0  # the same, for the registry entry (the dashboard)
         self.prompt_tokens = Counter(names.PROMPT_TOKENS, "Prompt tokens", by_model, registry=r)
         self.generation_tokens = Counter(
             names.GENERATION_TOKENS, "Tokens generated", by_model, registry=r
@@ -110,6 +114,11 @@ class WorkerMetrics:
         ):
             if value is not None:
                 histogram.labels(*label).observe(value)
+
+    def on_claimed(self, num_by_affinity: int) -> None:
+        if num_by_affinity:
+            self.num_affinity_claims += num_by_affinity
+            self.affinity_claims.labels(self.model).inc(num_by_affinity)
 
     def on_engine_stats(self, stats: dict[str, float]) -> None:
         self.running.labels(self.model).set(stats.get("running", 0))

@@ -8,53 +8,36 @@ import queue
 import threading
 import time
 from concurrent import futures
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 from pydantic import ValidationError
 
-from shared.calls import Claimed
 from shared.connection import UNREACHABLE, Backoff
-from shared.flows import claim_flow, drive, fence_flow
-from shared.keys import Keys, model_tag
+from shared.errors import ReplicationTimeout
 from shared.models import FinalEvent, FinishReason, GenerationRequest
-from shared.scripts import Scripts
+from shared.ops.claim import Claimed
+from shared.ops.moves import Fate
+from shared.ops.publish import Written
+from shared.ops.warm import MAX_WARM
+from shared.prefixes import fingerprints
 from shared.settings import Settings
 from worker.admission import engine_request, restore
-from worker.claims import can_serve_queued, candidates, valid_ids
 from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
-from worker.engine.request import EngineRequest
-from worker.held import Held
+from worker.engine_like import EngineLike
+from worker.held import Handoffs, Held
 from worker.metrics import WorkerMetrics
-from worker.publisher import Planned, end_call, finish_now, plan_step, send_step, settle
+from worker.prefix_cuts import PrefixCuts
+from worker.publisher import Action, Planned, finish_of, plan_step, settle
+from worker.queue import ModelQueue
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5
-REDIS_ERRORS = UNREACHABLE
-
-
-class EngineLike(Protocol):
-    """What the loop needs of an engine: the real one or the simulation."""
-
-    @property
-    def vocab_size(self) -> int: ...
-    def encode_prompt(self, prompt: str) -> list[int]: ...
-    def encode_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = ...,
-        template_kwargs: dict[str, Any] | None = ...,
-    ) -> list[int]: ...
-    def add_request(self, req: EngineRequest) -> None: ...
-    def abort_request(self, request_id: str, reason: FinishReason = ...) -> None: ...
-    def step(self) -> list[RequestOutput]: ...
-    def has_unfinished_requests(self) -> bool: ...
-    def num_free_slots(self, resumed: bool = False) -> int: ...
-    def stats(self) -> dict[str, float]: ...
-    def resident_loras(self) -> list[str]: ...
-    def lora_rank_limit(self) -> int: ...
+# Redis away (or failing over), or fewer replicas than TOKENQ_REDIS_MIN_REPLICAS: the
+# loop pauses and tries again; nothing it holds is lost meanwhile.
+REDIS_ERRORS = (*UNREACHABLE, ReplicationTimeout)
 
 
 class WorkerService:
@@ -68,16 +51,15 @@ class WorkerService:
         model: str,
         worker_id: str,
         metrics: WorkerMetrics | None = None,
+        guided: bool = True,
     ) -> None:
         self.engine = engine
-        self.redis = connection
+        self.guided = guided  # it serves structured outputs (its grammar backend works)
         self.settings = settings
         self.model = model
         self.worker_id = worker_id
         self.metrics = metrics or WorkerMetrics(model)
-        self.keys = Keys(settings.namespace)
-        self.tag = model_tag(model)
-        self.scripts = Scripts(connection)
+        self.queue = ModelQueue(connection, settings, model, worker_id)
         self.held: dict[str, Held] = {}
         self.held_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -90,18 +72,26 @@ class WorkerService:
         self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
         # Writes go to Redis from this thread while the engine computes the next step.
         self.writer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-write")
+        self._rate = (0, time.monotonic())  # tokens and when, at the last figures
+        self.handoffs = Handoffs()  # dropped while the engine ran them; claimed again
+        self.prefix_cuts = PrefixCuts(engine) if settings.prefix_affinity else None
 
     def run(self, burst: bool = False) -> None:
         """Serve until stopped; ``burst`` returns once the queue and the engine are empty.
         Redis going away pauses the loop (with backoff), never the process."""
-        backoff = Backoff()
+        backoff, failing = Backoff(), False
         while not self.stopping.is_set():
             try:
                 if not self.iterate(burst):
                     return
+                if failing:
+                    self.queue.recovered()
                 backoff.reset()
+                failing = False
             except REDIS_ERRORS as e:
                 log.warning("Redis unreachable (%s); retrying in %.1fs", e, backoff.next_s)
+                self.queue.refresh()
+                failing = True
                 backoff.wait()
 
     def iterate(self, burst: bool = False) -> bool:
@@ -118,11 +108,9 @@ class WorkerService:
         if claimed:
             return True
         self.flush(force=True)
-        if burst and not can_serve_queued(
-            self.redis, self.keys, self.tag, self.engine.lora_rank_limit()
-        ):
+        if burst and not self.queue.can_serve_queued(self.engine.lora_rank_limit(), self.guided):
             return False
-        self.redis.blpop([self.keys.wakeup(self.tag)], timeout=IDLE_WAIT_S)
+        self.queue.wait_for_work(IDLE_WAIT_S)
         return True
 
     def drain(self, timeout_s: float) -> None:
@@ -146,11 +134,10 @@ class WorkerService:
         self.writer.shutdown()
 
     def release_all(self) -> int:
-        held = self.held_leases()
+        held = {**self.held_leases(), **self.handoffs.take_leases()}
         if not held:
             return 0
-        flow = fence_flow(self.keys, self.settings, self.tag, held, "release")
-        released = sum(m.fenced for m in drive(self.scripts, flow))
+        released = sum(m.fenced for m in self.queue.release(held))
         log.info("handed back %d request(s) to the queue", released)
         with self.held_lock:
             self.held.clear()
@@ -181,6 +168,15 @@ class WorkerService:
         started = clock()
         outputs = self.engine.step()
         self.coalescer.add(outputs, step_s=clock() - started)
+        for out in outputs:
+            if out.finish_reason is not None:
+                self._engine_let_go(out.request_id)
+
+    def _engine_let_go(self, request_id: str) -> None:
+        held = self.held.get(request_id)
+        if held is not None:
+            held.done_in_engine = True
+        self.handoffs.let_go(request_id)
 
     def flush(self, force: bool = False) -> None:
         """Write what is held, if it is due (or ``force``): every token and final event
@@ -201,40 +197,48 @@ class WorkerService:
                     held.ending = True
         return self.pending
 
-    def _send(self, pending: list[RequestOutput]) -> list[tuple[Planned, Any]]:
+    def _send(self, pending: list[RequestOutput]) -> list[tuple[Planned, Written]]:
         """The write's round trips, and which request each reply is about. On the writer
         thread it reads ``held`` while the loop only steps the engine (nothing changes
         ``held``, or what it holds, meanwhile)."""
-        plan = plan_step(self.keys, self.settings, self.held, pending)
-        return send_step(self.redis, self.scripts, self.keys, self.settings, self.tag, plan)
+        return self.queue.write(plan_step(self.held, pending))
 
-    def _settle(self, pairs: list[tuple[Planned, Any]]) -> None:
+    def _settle(self, pairs: list[tuple[Planned, Written]]) -> None:
         """Redis acknowledged the pending write: record it, and act on its replies."""
         self.pending = []
         now = time.monotonic()
         num_tokens = 0
-        for planned, reply in pairs:
-            num_tokens += self._act(planned.held, settle(planned, reply), planned, reply, now)
+        gaps: dict[str, str] = {}
+        for planned, written in pairs:
+            action = settle(planned, written)
+            if action is Action.RESYNC:
+                gaps[planned.held.request_id] = planned.held.lease_token
+            num_tokens += self._act(planned, action, written, now)
         self.num_generated_tokens += num_tokens
         self.metrics.on_tokens(num_tokens, None)
+        self.queue.hand_back_cut(gaps)
 
-    def _act(self, held: Held, action: str, planned: Planned, reply: Any, now_s: float) -> int:
+    def _act(self, planned: Planned, action: Action, written: Written, now_s: float) -> int:
         """Apply one acknowledged reply; returns how many tokens it published."""
-        num_tokens = 0
-        if action in ("ok", "cancel"):
-            num_tokens = len(planned.output.new_token_ids)
+        held, num_tokens = planned.held, 0
+        if action not in (Action.DROP, Action.RESYNC):
+            num_tokens = planned.num_tokens
             if held.last_token_s is not None and num_tokens:
                 self.metrics.on_token_gap(now_s - held.last_token_s, num_tokens)
             held.last_token_s = now_s
-        if action == "cancel":
+        if action is Action.CANCEL:
             self._abort(held.request_id, FinishReason.CANCELLED)
-        elif action == "drop":
+        elif action is Action.DROP:
             log.warning("lease on %s lost; another worker resumes it", held.request_id)
             self._drop(held.request_id)
-        elif action == "done":
-            final = FinalEvent.model_validate_json(reply)
+        elif action is Action.RESYNC:
+            self._drop(held.request_id)
+        elif action is Action.DONE and written.finished is not None:
+            final = FinalEvent.model_validate_json(written.finished.final_json)
             self.metrics.on_finish(held.request.priority, final)
             self.metrics.on_tenant_usage(held.request.tenant, final.usage)
+            if planned.output.error is not None and not held.done_in_engine:
+                self._abort(held.request_id, FinishReason.ERROR)  # it failed on the way out
             with self.held_lock:
                 self.held.pop(held.request_id, None)
         return num_tokens
@@ -252,6 +256,9 @@ class WorkerService:
             self.engine.abort_request(request_id, reason)
 
     def _drop(self, request_id: str) -> None:
+        held = self.held.get(request_id)
+        if held is not None:
+            self.handoffs.dropped(held)
         self._abort(request_id, FinishReason.CANCELLED)
         self.coalescer.discard(request_id)
         with self.held_lock:
@@ -268,46 +275,71 @@ class WorkerService:
         if room <= 0 or self.stopping.is_set():
             return 0
         free = self.engine.num_free_slots()
-        heads = candidates(self.redis, self.keys, self.tag, room, free)
-        ids = valid_ids(self.redis, self.keys, self.tag, heads)
-        if not ids:
-            return 0
-        flow = claim_flow(
-            self.keys, self.settings, self.tag, self.worker_id, ids, self.engine.lora_rank_limit()
-        )
-        claimed = drive(self.scripts, flow)
-        for c in claimed:
+        claimed = self.queue.claim(room, free, self.engine.lora_rank_limit(), self.guided)
+        self.metrics.on_claimed(sum(c.by_affinity for c in claimed))
+        for c in [*self.handoffs.ready(), *claimed]:
             self._admit(c)
         return len(claimed)
 
     def _admit(self, claimed: Claimed) -> None:
         """Hand a claimed request to the engine. It is held (its lease renewed) only once
         the engine has it: if Redis fails before that, the lease lapses and the reaper
-        puts the request back, so nothing is kept alive that will never run."""
+        puts the request back, so nothing is kept alive that will never run. One this
+        worker dropped and claims again before its engine let go of the last run waits
+        for the next step (the engine would take the two runs for one)."""
+        if self.handoffs.defer(claimed):
+            return
         try:
             request = GenerationRequest.model_validate_json(claimed.payload)
         except ValidationError as e:
             self._dead_letter(claimed, e)
             return
-        held = Held(claimed.request_id, claimed.lease_token, request)
-        if claimed.num_generated:
-            restore(self.redis, self.keys, held)
+        fps = tuple(fingerprints(request)) if self.prefix_cuts else ()
+        held = Held(claimed.request_id, claimed.lease_token, request, fingerprints=fps)
+        if claimed.num_generated and not self._restore(held):
+            return
         try:
-            self.engine.add_request(
-                engine_request(self.engine, self.redis, self.keys, self.model, held)
-            )
-        except Exception as e:  # the tokenizer, its chat template or the engine refused it
+            self.engine.add_request(engine_request(self.engine, self.queue, held, self.prefix_cuts))
+        except REDIS_ERRORS:
+            raise  # not the request's fault: its lease lapses and it runs again
+        except ValueError as e:  # the engine, its chat template or its grammar refused it
             log.warning("request %s cannot run: %r", held.request_id, e)
             self._end_now(held, FinishReason.ERROR, f"cannot run this request: {e}")
+            return
+        except Exception as e:  # the worker's own failure, still this request's alone
+            log.warning("request %s failed at admission: %r", held.request_id, e)
+            self._end_now(held, FinishReason.ERROR, f"internal error: at admission: {e!r}")
             return
         with self.held_lock:
             self.held[held.request_id] = held
 
+    def _restore(self, held: Held) -> bool:
+        """Take back what earlier attempts published; False when its stream cannot be
+        read back (the request ends with that error, after whatever the stream holds)."""
+        try:
+            restore(self.queue, held)
+        except REDIS_ERRORS:
+            raise
+        except Exception as e:
+            log.warning("request %s: its stream cannot be read back: %r", held.request_id, e)
+            error = f"internal error: cannot resume: its stream holds an unreadable entry ({e})"
+            self._end_now(held, FinishReason.ERROR, error, whole_stream=True)
+            return False
+        return True
+
     def _end_now(
-        self, held: Held, reason: FinishReason, error: str, state: str | None = None
+        self,
+        held: Held,
+        reason: FinishReason,
+        error: str,
+        state: Fate | None = None,
+        whole_stream: bool = False,
     ) -> None:
-        call = end_call(self.keys, self.settings, held, reason, error=error, state=state)
-        finish_now(self.scripts, self.keys, self.settings, self.tag, held, call)
+        """End ``held`` before it ran here: a dead letter (or ``whole_stream``) whatever
+        its stream holds, any other end once its stream holds what was restored (no gap
+        before the final)."""
+        num_published = None if state is Fate.DEAD or whole_stream else len(held.token_ids)
+        self.queue.finish_now(held, finish_of(held, reason, error, state, num_published))
         with self.held_lock:
             self.held.pop(held.request_id, None)
 
@@ -315,7 +347,7 @@ class WorkerService:
         log.error("request %s has an unreadable payload; dead-lettered", claimed.request_id)
         stub = GenerationRequest(model=self.model, prompt="(unreadable)")
         held = Held(claimed.request_id, claimed.lease_token, stub)
-        self._end_now(held, FinishReason.ERROR, f"unreadable payload: {error}", state="dead")
+        self._end_now(held, FinishReason.ERROR, f"unreadable payload: {error}", state=Fate.DEAD)
 
     def ending(self, request_id: str) -> bool:
         """Whether a lease the heartbeat found gone needs no action: the request's finish
@@ -326,3 +358,36 @@ class WorkerService:
     def held_leases(self) -> dict[str, str]:
         with self.held_lock:
             return {rid: h.lease_token for rid, h in self.held.items()}
+
+    def warm_fingerprints(self) -> list[str]:
+        """The prefix fingerprints this worker holds warm, for the heartbeat to publish,
+        newest first: its held requests' (their prefill puts them in the cache; up to
+        half the set), then those the engine holds cached."""
+        if not self.prefix_cuts:
+            return []
+        with self.held_lock:
+            held = [fp for h in reversed(self.held.values()) for fp in h.fingerprints]
+        cached = self.engine.warm_fingerprints(MAX_WARM)
+        newest = list(dict.fromkeys(held))[: MAX_WARM // 2]
+        return list(dict.fromkeys([*newest, *cached]))[:MAX_WARM]
+
+    def figures(self) -> dict[str, Any]:
+        """What the registry shows of this worker (refreshed on each heartbeat)."""
+        stats = self.engine.stats()
+        self.metrics.on_engine_stats(stats)
+        now, tokens = time.monotonic(), self.num_generated_tokens
+        last_tokens, last_s = self._rate
+        self._rate = (tokens, now)
+        queries = max(stats.get("prefix_cache_queries", 0), 1)
+        return {
+            "running": len(self.held),
+            "tokens_per_s": round((tokens - last_tokens) / max(now - last_s, 1e-6), 1),
+            "kv_cache_usage": round(stats.get("kv_cache_usage", 0.0), 3),
+            "prefix_cache_hit_rate": round(stats.get("prefix_cache_hits", 0) / queries, 3),
+            "state": "draining" if self.stopping.is_set() else "serving",
+            "coalesce_p99_ms": round(self.coalescer.p99_delay_ms(), 1),
+            "loras": ",".join(self.engine.resident_loras()),
+            "affinity_claims": self.metrics.num_affinity_claims,
+            "prefix_cache_queries": int(stats.get("prefix_cache_queries", 0)),
+            "prefix_cache_hits": int(stats.get("prefix_cache_hits", 0)),
+        }

@@ -126,6 +126,9 @@ class SimEngine:
     def lora_rank_limit(self) -> int:
         return 0 if self.sim.max_loras == 0 else self.sim.max_lora_rank
 
+    def warm_fingerprints(self, limit: int) -> list[str]:
+        return []  # the simulation keeps no KV cache
+
     def step(self) -> list[RequestOutput]:
         time.sleep(self.sim.step_s(len(self.running)))
         return [self._advance(req) for req in list(self.running.values())]

@@ -7,8 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import redis
-
+from shared.connection import connect
 from shared.settings import Settings
 from worker.service import WorkerService
 from worker.sim import SimConfig, SimEngine
@@ -19,7 +18,7 @@ def sim_fleet(url: str, model: str, num_workers: int, settings: Settings) -> Ite
     services = [
         WorkerService(
             SimEngine(SimConfig.parse(model)),
-            redis.Redis.from_url(url),
+            connect(url),
             settings,
             model,
             f"sim-{n}",
@@ -37,4 +36,4 @@ def sim_fleet(url: str, model: str, num_workers: int, settings: Settings) -> Ite
         for t in threads:
             t.join(timeout=30)
         for s in services:
-            s.redis.close()
+            s.queue.redis.close()

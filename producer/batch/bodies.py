@@ -1,9 +1,12 @@
 """Batch input: JSONL lines in OpenAI's batch format (or plain bodies) to tokenq requests.
 
 A line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" |
-"/v1/completions" | "/v1/embeddings", "body": {...}}``; ``url`` and ``method`` may be
-left out (the body's ``messages``, ``prompt`` or ``input`` says which), and so may
-``body`` (the rest of the line is the body). An embeddings line embeds one text.
+"/v1/completions" | "/v1/embeddings" | "/v1/responses", "body": {...}}``; ``url`` and
+``method`` may be left out (the body's ``messages``, ``prompt`` or ``input`` says which:
+``input`` alone is an embeddings line), and so may ``body`` (the rest of the line is the
+body). An embeddings line embeds one text. A responses line is read by the live route's
+translation (``producer.responses.plan``); it is not stored, and it cannot continue a
+stored response or run in the background, since it is already a batch's.
 
 A line that cannot be told apart from the others (not JSON, no custom_id or one used
 twice, an unknown url) refuses the whole file with BatchInputError, and nothing is
@@ -35,6 +38,8 @@ from producer.openai.errors import ApiError, from_validation_errors, invalid
 from producer.openai.requests import Origin, chat_request, completion_request
 from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
 from producer.requests import validate_request
+from producer.responses.plan import response_plan
+from producer.responses.schemas import ResponsesBody
 from shared.chat import ChatFeatures
 from shared.errors import InvalidRequest
 from shared.models import MAX_METADATA_ITEMS, TENANT, GenerationRequest
@@ -50,6 +55,7 @@ URL_KINDS: dict[str, Kind] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    "/v1/responses": "response",
 }
 BODY_KINDS: tuple[tuple[str, Kind], ...] = (
     ("messages", "chat"),
@@ -64,6 +70,13 @@ LIVE_ONLY = {
 }
 # The driver adds batch_id, custom_id and tenant to each line's metadata.
 MAX_LINE_METADATA = MAX_METADATA_ITEMS - 3
+# What a responses line may not say, and why (absent or false is fine).
+RESPONSE_LIVE_ONLY = {
+    "previous_response_id": "a batch line cannot continue a stored response; send the "
+    "whole conversation as input",
+    "background": "a batch runs in the background already; leave background out",
+    "store": "a batch line's response goes to the output file, not the store; leave store out",
+}
 EMBEDDING_KNOWN = {"model", "input", "dimensions", "encoding_format", "user", "metadata"}
 
 
@@ -193,6 +206,25 @@ def _completion(custom_id: str, body: Body, reading: Reading) -> BatchLine:
     return BatchLine(custom_id, "completion", request, parsed.n, logprobs=logprobs)
 
 
+def _response(custom_id: str, body: Body, reading: Reading) -> BatchLine:
+    for name, why in RESPONSE_LIVE_ONLY.items():
+        if body.get(name):
+            raise invalid(f"{name}: {why}", name, "unsupported")
+    parsed = _validated(ResponsesBody, body)
+    made = response_plan(parsed, BATCH_ORIGIN, reading.features(parsed.model))
+    request = _settled(made.request, reading.settings)
+    record = made.record.model_copy(update={"store": False}).model_dump(mode="json")
+    tools = made.record.tools_plan()
+    return BatchLine(
+        custom_id,
+        "response",
+        request,
+        tools=tools if tools.active else None,
+        reasoning=made.record.think_plan(),
+        response=record,
+    )
+
+
 def _embedding(custom_id: str, body: Body, reading: Reading) -> BatchLine:
     unknown = sorted(set(body) - EMBEDDING_KNOWN)
     if unknown:
@@ -219,6 +251,7 @@ PARSERS: dict[Kind, Callable[[str, Body, Reading], BatchLine]] = {
     "chat": _chat,
     "completion": _completion,
     "embedding": _embedding,
+    "response": _response,
 }
 
 

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
-import redis
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,6 +21,7 @@ from producer.batch.models import BatchStatus
 from producer.batch.ops import Batches
 from producer.cli_options import RedisOpt, cli_errors, settings_for
 from producer.client import Client
+from shared.connection import connect
 from shared.settings import get_settings
 
 batch_app = typer.Typer(
@@ -115,7 +115,7 @@ def worker(
     with cli_errors(console, redis_url):
         settings = settings_for(redis_url)
         check_batch_redis(settings)
-        connection = redis.Redis.from_url(settings.batch_redis_url or settings.redis_url)
+        connection = connect(settings.batch_redis_url or settings.redis_url)
     os.environ["TOKENQ_REDIS_URL"] = settings.redis_url  # for the jobs' settings
     get_settings.cache_clear()
     run_worker(job_context(connection, settings), burst=burst, with_scheduler=scheduler)

@@ -11,7 +11,7 @@ import redis
 from producer.batch.context import Context
 from producer.batch.lines import BatchLine, Kind
 from producer.batch.output import error_line, result_line
-from producer.gateway.entries import Entry, parse_entry
+from producer.streams.entries import Entry, readable_entries
 from shared.errors import NotFound
 from shared.models import Result
 from shared.records import RESULT_FIELDS, decode_hash, result_from_hash
@@ -146,4 +146,8 @@ def _streams(ctx: Context, results: list[Result]) -> list[list[Entry]]:
     pipe = ctx.main.pipeline(transaction=False)
     for result in results:
         pipe.xrange(ctx.keys.stream(result.id))
-    return [[parse_entry(i, f) for i, f in entries] for entries in pipe.execute()]
+    replies = pipe.execute()
+    return [
+        readable_entries(ctx.keys.stream(r.id), entries)
+        for r, entries in zip(results, replies, strict=True)
+    ]

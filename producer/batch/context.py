@@ -18,6 +18,7 @@ from rq.serializers import JSONSerializer
 from shared.connection import cluster_url, connect, is_cluster
 from shared.errors import TokenqError
 from shared.keys import BatchKeys, Keys
+from shared.replication import Replicas
 from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
 
@@ -42,7 +43,7 @@ class Context:
         self.keys = Keys(self.settings.namespace)
         self.bkeys = BatchKeys(self.settings.namespace)
         self.main: Redis = self.tokenq if self.tokenq is not None else self.redis
-        self.scripts = Scripts(self.main)
+        self.scripts = Scripts(self.main, Replicas.of(self.settings))
 
     def batch_queue(self) -> Queue:
         return rq_queue(self.redis, self.bkeys.batch_queue())
@@ -84,7 +85,7 @@ def job_context(job_connection: redis.Redis, settings: Settings) -> Context:
 def _plain(url: str) -> redis.Redis:
     if cluster_url(url) is not None:
         raise BatchRedisRequired
-    return redis.Redis.from_url(url)
+    return connect(url)  # one Redis, or a primary found through Sentinel
 
 
 @lru_cache(maxsize=4)

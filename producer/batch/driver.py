@@ -22,6 +22,8 @@ from producer.batch.output import error_line, refused_line
 from producer.requests import choice_requests
 from shared.flows import Enqueued, drive, ended_flow, enqueue_flow, refusal
 from shared.models import TENANT, GenerationRequest
+from shared.ops.moves import EndScript
+from shared.ops.submit import EnqueueOutcome
 
 FAN_OUT_CHUNK = 100
 
@@ -111,13 +113,13 @@ def _record_fan_out(
             failed[line.custom_id] = refused_line(line)
             continue
         choices = [next(replies) for _ in range(line.n)]
-        if any(e.refused == "full" for e in choices):
+        if any(e.refused is EnqueueOutcome.FULL for e in choices):
             taken = min(taken, i)  # back off: the next round starts from this line
-        elif refused := [e for e in choices if e.refused]:
+        elif refused := [e for e in choices if e.refused is not None]:
             message = str(refusal(refused[0], line.request, ctx.settings))
-            failed[line.custom_id] = error_line(line.custom_id, refused[0].refused, message)
+            failed[line.custom_id] = error_line(line.custom_id, str(refused[0].refused), message)
             continue
-        ids = tuple(e.request_id for e in choices if not e.refused)
+        ids = tuple(e.request_id for e in choices if e.refused is None)
         if ids:
             pending[line.custom_id] = Pending(line.kind, ids, cursor + i, line.n).encode()
     pipe = ctx.redis.pipeline(transaction=True)
@@ -132,7 +134,7 @@ def cancel_pending(ctx: Context, batch_id: str) -> None:
     """Cancel every line in flight, each of its choices: queued ones go at once, running
     ones within a step."""
     ids = [i for p in read_pending(ctx, batch_id).values() for i in p.ids]
-    drive(ctx.scripts, ended_flow(ctx.keys, ctx.settings, "cancel", ids))
+    drive(ctx.scripts, ended_flow(ctx.keys, ctx.settings, EndScript.CANCEL, ids))
 
 
 def _finish_if_done(ctx: Context, batch_id: str, cancelling: bool) -> bool:

@@ -15,7 +15,7 @@ from producer.openai.tools import ToolPlan
 from shared.errors import InvalidRequest
 from shared.models import GenerationRequest
 
-Kind = Literal["chat", "completion", "embedding"]
+Kind = Literal["chat", "completion", "embedding", "response"]
 MAX_REPORTED_ERRORS = 10
 
 
@@ -44,8 +44,8 @@ class LineError:
 @dataclass(frozen=True)
 class BatchLine:
     """One input line: choice 0's request (the driver sends ``n``, seeds seed + i), the
-    tool and reasoning plans its answer is read with, or, for a refused line, the error
-    instead."""
+    tool and reasoning plans its answer is read with (and for a ``/v1/responses`` line its
+    response record), or, for a refused line, the error instead."""
 
     custom_id: str
     kind: Kind
@@ -55,6 +55,7 @@ class BatchLine:
     logprobs: bool = False
     error: LineError | None = None
     reasoning: ReasoningPlan | None = None
+    response: dict[str, Any] | None = None  # producer.responses.record.StoredResponse
 
     def to_json(self) -> bytes:
         request = None if self.request is None else self.request.model_dump(mode="json")
@@ -67,6 +68,7 @@ class BatchLine:
             "logprobs": self.logprobs,
             "error": None if self.error is None else dataclasses.asdict(self.error),
             "reasoning": None if self.reasoning is None else self.reasoning.to_dict(),
+            "response": self.response,
         }
         return orjson.dumps(line)
 
@@ -84,4 +86,5 @@ class BatchLine:
             bool(raw.get("logprobs")),
             None if error is None else LineError(**error),
             None if reasoning is None else ReasoningPlan.from_dict(reasoning),
+            raw.get("response"),
         )

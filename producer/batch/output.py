@@ -11,7 +11,7 @@ from producer.batch.lines import BatchLine
 from shared.models import FinishReason, Result
 
 if TYPE_CHECKING:
-    from producer.gateway.entries import Entry
+    from producer.streams.entries import Entry
 
 OK_REASONS = (FinishReason.STOP, FinishReason.LENGTH)
 
@@ -74,8 +74,10 @@ def _body(
     if line.kind == "embedding":
         return _embedding_body(results[0])
     # Imported here: only a worker that collects results needs the OpenAI renderer.
-    from producer.batch.render import completion_body
+    from producer.batch.render import completion_body, response_body
 
+    if line.kind == "response":
+        return response_body(line, results[0], None if streams is None else streams[0])
     return completion_body(line, results, streams)
 
 

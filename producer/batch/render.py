@@ -1,15 +1,19 @@
 """A batch line's answer rendered by the live routes' own renderer, so an output line's
-body is what ``/v1/chat/completions`` or ``/v1/completions`` would have answered."""
+body is what ``/v1/chat/completions``, ``/v1/completions`` or ``/v1/responses`` would
+have answered."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from producer.batch.lines import BatchLine
-from producer.gateway.entries import Entry
 from producer.openai.output import Kind, Renderer, chat_completion, completion
-from shared.models import FinalEvent, Result
+from producer.responses.events import build
+from producer.responses.record import StoredResponse
+from producer.streams.entries import Entry, parse_entry
+from shared.models import FinalEvent, Result, TokenEvent, dumps
 
 
 def completion_body(
@@ -44,3 +48,24 @@ def _final(result: Result) -> FinalEvent:
         timings=result.timings,
         error=result.error,
     )
+
+
+def response_body(
+    line: BatchLine, result: Result, stream: Sequence[Entry] | None
+) -> dict[str, Any]:
+    """The response object ``/v1/responses`` would have answered: read from the request's
+    events (``stream``, when the line's reasoning tokens are counted), else its result."""
+    if line.response is None:
+        raise ValueError(f"line {line.custom_id!r} is not a /v1/responses line")
+    created_at = round(time.time() - (result.timings.total_s or 0.0), 3)
+    record = StoredResponse.model_validate(line.response).stored(result.id, created_at)
+    entries = list(stream) if stream is not None else _as_text(result)
+    if not entries or not entries[-1].is_final:
+        entries.append(parse_entry("0-0", {b"e": dumps(_final(result))}))
+    _, builder = build(record, entries)
+    return builder.snapshot()
+
+
+def _as_text(result: Result) -> list[Entry]:
+    token = TokenEvent(index=0, token_ids=result.token_ids, text=result.text)
+    return [parse_entry("0-0", {b"e": token.wire()})] if result.text else []

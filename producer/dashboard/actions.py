@@ -16,6 +16,7 @@ from producer.batch.models import BatchState
 from producer.dashboard.errors import Conflict, NotFoundError
 from shared.flows import cancel_flow, drive_async, ended_flow, retry_flow
 from shared.keys import BatchKeys, Keys, check_batch_id, tag_of
+from shared.ops.moves import EndScript
 from shared.replies import text
 from shared.scripts import AsyncScripts
 from shared.settings import Settings
@@ -75,7 +76,7 @@ class AsyncAdmin:
             return state
         pending = await self.redis.hvals(bkeys.pending(batch_id))
         ids = [i for value in pending for i in Pending.decode(value).ids]
-        await drive_async(self.scripts, ended_flow(self.keys, self.settings, "cancel", ids))
+        await drive_async(self.scripts, ended_flow(self.keys, self.settings, EndScript.CANCEL, ids))
         return state
 
     async def _mark_cancelling(self, meta: str, batch_id: str) -> str:

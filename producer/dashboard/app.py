@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI
 from starlette.responses import RedirectResponse, Response
 
+from producer.body_guard import BodyGuard
+from producer.dashboard.auth import act_refusal
 from producer.dashboard.config import DashboardConfig, load_config
 from producer.dashboard.routes import create_dashboard_router
 from shared.connection import connect_async
@@ -21,6 +24,7 @@ def create_dashboard_app(
 ) -> FastAPI:
     """An app serving only the dashboard, with its own Redis connection pool."""
     settings = settings or get_settings()
+    config = config or load_config(settings)
     connection = connect_async(settings.redis_url, settings.redis_cluster)
 
     @asynccontextmanager
@@ -37,10 +41,10 @@ def create_dashboard_app(
         openapi_url=f"{PREFIX}/openapi.json",
         redoc_url=None,
     )
-    app.include_router(
-        create_dashboard_router(settings, connection, config or load_config(settings)),
-        prefix=PREFIX,
-    )
+    app.include_router(create_dashboard_router(settings, connection, config), prefix=PREFIX)
+    # Only actions carry a body: refuse one from a caller who may not act before reading it.
+    gate = partial(act_refusal, config)
+    app.add_middleware(BodyGuard, max_body_bytes=settings.gateway_max_body_bytes, gate=gate)
 
     @app.get("/", include_in_schema=False)
     async def root() -> Response:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from producer.dashboard.config import DashboardConfig
-from producer.dashboard.errors import Forbidden, Unauthorized, Unavailable
+from producer.dashboard.errors import DashboardError, Forbidden, Unauthorized, Unavailable
 
 TOKEN_HINT = "enter the admin token on the page, or send 'Authorization: Bearer <token>'"
 
@@ -55,6 +56,16 @@ def require_act(config: DashboardConfig, request: Request) -> Access:
         reason = "read-only view: actions" if access.can_view else "actions"
         raise Unauthorized(f"{reason} need the admin token: {TOKEN_HINT}", "admin_token_required")
     return access
+
+
+def act_refusal(config: DashboardConfig, request: Request) -> Response | None:
+    """The refusal for a request that carries a body (only actions do) from a caller
+    who may not act, from its headers alone (``producer.body_guard``)."""
+    try:
+        require_act(config, request)
+    except DashboardError as e:
+        return e.response()
+    return None
 
 
 def bearer_token(request: Request) -> str | None:

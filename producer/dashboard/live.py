@@ -18,6 +18,7 @@ import orjson
 
 from producer.dashboard.requests import request_detail
 from producer.dashboard.service import Dashboard
+from producer.streams.entries import Entry, readable_entries
 from shared.errors import NotFound
 from shared.keys import tag_of
 from shared.replies import text
@@ -48,22 +49,26 @@ async def overview_events(dash: Dashboard) -> AsyncIterator[bytes]:
 async def request_events(dash: Dashboard, request_id: str, after: str) -> AsyncIterator[bytes]:
     tag_of(request_id)
     cursor, ends_at, status_due = after, time.monotonic() + MAX_STREAM_S, 0.0
+    ended = False
     while time.monotonic() < ends_at:
         if time.monotonic() >= status_due:
             status = await _status(dash, request_id)
             yield frame("status", status)
             if status["state"] == "gone":
                 return
+            ended = status["state"] not in ("queued", "running")
             status_due = time.monotonic() + STATUS_EVERY_S
-        entries = await _read(dash, request_id, cursor)
-        for entry_id, event in entries:
-            cursor = entry_id
-            yield frame(event["type"], event, entry_id)
-            if event["type"] == "final":
+        read_to, entries = await _read(dash, request_id, cursor)
+        for entry in entries:
+            yield frame(entry.type, entry.fields, entry.id)
+            if entry.is_final:
                 yield frame("status", await _status(dash, request_id))
                 return
-        if not entries:
+        if read_to == cursor and ended:
+            return  # resumed past its final event: nothing more will come
+        if read_to == cursor:
             await asyncio.sleep(STREAM_POLL_S)
+        cursor = read_to
 
 
 async def _status(dash: Dashboard, request_id: str) -> dict[str, Any]:
@@ -74,7 +79,10 @@ async def _status(dash: Dashboard, request_id: str) -> dict[str, Any]:
     return detail.model_dump(mode="json")
 
 
-async def _read(dash: Dashboard, request_id: str, cursor: str) -> list[tuple[str, Any]]:
+async def _read(dash: Dashboard, request_id: str, cursor: str) -> tuple[str, list[Entry]]:
+    """The next entries after ``cursor`` that parse (others are skipped with a
+    warning), and the cursor past every entry read."""
     key = dash.keys.stream(request_id)
     entries: Any = await dash.redis.xrange(key, f"({cursor}", "+", count=STREAM_BATCH)
-    return [(text(eid), orjson.loads(fields.get(b"e", fields.get("e")))) for eid, fields in entries]
+    read_to = text(entries[-1][0]) if entries else cursor
+    return read_to, readable_entries(key, entries)

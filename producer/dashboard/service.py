@@ -22,6 +22,7 @@ from producer.dashboard.requests import LIST_KINDS, RequestRow, request_list
 from producer.dashboard.values import redis_ms
 from producer.dashboard.workers import WorkerRow, worker_rows
 from shared.keys import BatchKeys, Keys
+from shared.replication import Replicas
 from shared.scripts import AsyncScripts
 from shared.settings import Settings
 
@@ -62,7 +63,7 @@ class Dashboard:
     @property
     def admin(self) -> AsyncAdmin:
         if self._scripts is None:
-            self._scripts = AsyncScripts(self.redis)
+            self._scripts = AsyncScripts(self.redis, Replicas.of(self.settings))
         return AsyncAdmin(self.redis, self.keys, self.settings, self._scripts)
 
     @asynccontextmanager

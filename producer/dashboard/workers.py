@@ -31,6 +31,7 @@ class WorkerRow(BaseModel):
     occupancy: float | None = None
     kv_cache_usage: float | None = None
     prefix_cache_hit_rate: float | None = None
+    affinity_claims: int | None = None  # requests it claimed for a warm prefix
     kv_cache_mib: int | None = None
     tokens_per_s: float = 0.0
 
@@ -78,6 +79,7 @@ def _row(worker_id: str, beat_s: float, h: dict[str, str], now_ms: int) -> Worke
         occupancy=running / max_seqs if max_seqs else None,
         kv_cache_usage=float_or_none(h.get("kv_cache_usage")),
         prefix_cache_hit_rate=float_or_none(h.get("prefix_cache_hit_rate")),
+        affinity_claims=int_or_none(h.get("affinity_claims")),
         kv_cache_mib=int_or_none(h.get("kv_cache_mib")),
         tokens_per_s=float_or_none(h.get("tokens_per_s")) or 0.0,
     )

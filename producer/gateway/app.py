@@ -10,16 +10,25 @@ from typing import Any
 
 import redis.asyncio
 from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
 
+from producer.body_guard import BodyGuard, Gate
+from producer.dashboard.auth import act_refusal
+from producer.dashboard.config import DashboardConfig, load_config
 from producer.dashboard.routes import create_dashboard_router
 from producer.gateway import batches, health, native, openai_embeddings, openai_routes
+from producer.gateway.auth import key_refusal
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewayConfig, load_api_keys
 from producer.gateway.errors import install_error_handlers
 from producer.gateway.hub import gateway_hub
 from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.reaper import reap_forever
+from producer.gateway.responses_routes import router as responses_router
 from shared.connection import cluster_url, connect_async, wait_for_redis_async
+from shared.keys import Keys
+from shared.sentinel import AsyncBlockingSentinelPool, is_sentinel_url
 from shared.settings import Settings, get_settings
 from shared.version import VERSION
 
@@ -31,7 +40,10 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     """The gateway for ``settings`` (default: the environment); API keys from ``config``,
     else from ``TOKENQ_API_KEYS``."""
     settings = settings or get_settings()
-    config = config or GatewayConfig(api_keys=load_api_keys(settings))
+    config = config or GatewayConfig(
+        api_keys=load_api_keys(settings), max_body_bytes=settings.gateway_max_body_bytes
+    )
+    dashboard_config = load_config(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,10 +65,29 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     install_error_handlers(app)
     for module in (openai_routes, openai_embeddings, native, batches, health):
         app.include_router(module.router)
-    dashboard = create_dashboard_router(settings, lambda: app.state.backend.redis)
-    app.include_router(dashboard, prefix="/admin", include_in_schema=False)
+    app.include_router(responses_router)
+    dashboard = create_dashboard_router(settings, lambda: app.state.backend.redis, dashboard_config)
+    app.include_router(dashboard, prefix=ADMIN_PREFIX, include_in_schema=False)
+    app.add_middleware(
+        BodyGuard, max_body_bytes=config.max_body_bytes, gate=_gate(dashboard_config)
+    )
     _declare_400_not_422(app)
     return app
+
+
+ADMIN_PREFIX = "/admin"
+
+
+def _gate(dashboard: DashboardConfig) -> Gate:
+    """Who may send a body: the dashboard's operator under /admin, a key elsewhere."""
+
+    def gate(request: Request) -> Response | None:
+        path = request.url.path
+        if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
+            return act_refusal(dashboard, request)
+        return key_refusal(request)
+
+    return gate
 
 
 def _declare_400_not_422(app: FastAPI) -> None:
@@ -87,7 +118,7 @@ def _fix_responses(responses: dict[str, Any]) -> None:
 
 async def _start(settings: Settings, config: GatewayConfig) -> Backend:
     connection = _connect(settings, config)
-    hub = gateway_hub(connection, idle_s=config.idle_check_s)
+    hub = gateway_hub(connection, idle_s=config.idle_check_s, keys=Keys(settings.namespace))
     hub.start()
     _log_access(config)
     return Backend(settings, config, connection, hub, GatewayMetrics())
@@ -99,6 +130,9 @@ def _connect(settings: Settings, config: GatewayConfig) -> redis.asyncio.Redis:
     url, limit = settings.redis_url, config.max_redis_connections
     if cluster_url(url, settings.redis_cluster) is not None:
         return connect_async(url, settings.redis_cluster, max_connections=limit)
+    if is_sentinel_url(url):
+        blocking = AsyncBlockingSentinelPool
+        return connect_async(url, connection_pool_class=blocking, max_connections=limit, timeout=10)
     pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=limit, timeout=10)
     return redis.asyncio.Redis.from_pool(pool)
 

@@ -15,9 +15,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.responses import Response
 
 from producer.gateway.config import ApiKeys
-from producer.gateway.errors import ApiError
+from producer.gateway.errors import ApiError, error_response
 from shared.priority import MAX_PRIORITY, Priority, parse_priority, priority_name
 from shared.ratelimit import Limits
 
@@ -56,6 +57,24 @@ def authenticate(
 
 
 Caller = Annotated[Principal, Depends(authenticate)]
+# Routes anyone may call; every other route needs a key when keys are configured.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json"})
+
+
+def key_refusal(request: Request) -> Response | None:
+    """The 401 for a request that needs a key and has none that is known, from its
+    headers alone (``producer.body_guard`` asks before the body is read)."""
+    keys: ApiKeys = request.app.state.api_keys
+    if keys.open or request.url.path in PUBLIC_PATHS:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        error = _unauthorized("missing API key: send it as 'Authorization: Bearer <key>'")
+    elif keys.lookup(token.strip()) is None:
+        error = _unauthorized("unknown API key")
+    else:
+        return None
+    return error_response(request, error)
 
 
 def priority_for(principal: Principal, asked: int | str | None, param: str = "priority") -> int:

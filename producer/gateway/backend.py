@@ -12,12 +12,12 @@ from fastapi import Depends, Request
 
 from producer.gateway.auth import Principal
 from producer.gateway.config import GatewayConfig
-from producer.gateway.entries import Entry
 from producer.gateway.errors import ApiError
-from producer.gateway.hub import StreamHub
+from producer.gateway.hub import StreamHub, parse_cursor, parse_gateway_entry
 from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.registry import ModelRegistry
 from producer.requests import validate_request
+from producer.streams.entries import Entry, UnrepeatedEntries
 from shared.errors import NotFound
 from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys
@@ -25,6 +25,7 @@ from shared.loras import split_model
 from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest, RequestStatus, Result
 from shared.ratelimit import headers, limited_enqueue_flow, rate_limited
 from shared.reads import run_read_async, view_read
+from shared.replication import Replicas
 from shared.replies import text
 from shared.scripts import AsyncScripts
 from shared.settings import Settings
@@ -54,7 +55,7 @@ class Backend:
         self.hub = hub
         self.metrics = metrics
         self.registry = ModelRegistry(connection, self.keys, config.models_cache_s)
-        self._scripts = AsyncScripts(connection)
+        self._scripts = AsyncScripts(connection, Replicas.of(settings))
 
     async def submit(
         self, request: GenerationRequest, api: str, caller: Principal | None = None
@@ -124,14 +125,37 @@ class Backend:
         """The request's stream after ``after`` in batches, through its final event. An
         empty batch marks a quiet spell (send a keep-alive); NotFound if the request
         vanishes meanwhile."""
+        unrepeated = UnrepeatedEntries()  # what a failover makes a worker write again
+        if after != "0-0":
+            after, final = await self._resume_point(request_id, after)
+            if final is not None:  # resumed at or past the end: the end, at once
+                yield [final]
+                return
         async for batch in self.hub.subscribe(self.keys.stream(request_id), after):
             if not batch:
                 await self._check_exists(request_id)
+            batch = unrepeated.entries(batch)
             for n, entry in enumerate(batch):
                 if entry.is_final:
                     yield batch[: n + 1]
                     return
             yield batch
+
+    async def _resume_point(self, request_id: str, after: str) -> tuple[str, Entry | None]:
+        """Where to read from for a client resuming after ``after``, and the final event
+        when the stream ended at or before it. Nothing lies between the stream's last
+        entry and a cursor past it, so reading goes on from that entry (a cursor ahead
+        of Redis's clock would otherwise miss every entry still to come)."""
+        key = self.keys.stream(request_id)
+        found = await self.redis.xrevrange(key, count=1)
+        if not found:
+            return "0-0", None
+        entry_id, fields = found[0]
+        last_id = text(entry_id)
+        if parse_cursor(last_id) > parse_cursor(after):
+            return after, None
+        last = parse_gateway_entry(key, last_id, fields)
+        return last_id, (last[0] if last and last[0].is_final else None)
 
     async def _check_exists(self, request_id: str) -> None:
         if not await self.redis.exists(self.keys.request(request_id)):

@@ -31,6 +31,14 @@ def gateway(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
     access_log: Annotated[bool, typer.Option(help="log every HTTP request")] = False,
     workers: Annotated[int, typer.Option(min=1, help="gateway processes on this port")] = 1,
+    max_body_bytes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="refuse larger request bodies with 413 (default: "
+            "TOKENQ_GATEWAY_MAX_BODY_BYTES, else 8 MiB)",
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible and native HTTP API (API keys from TOKENQ_API_KEYS)."""
     import uvicorn
@@ -43,8 +51,9 @@ def gateway(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = settings_for(redis_url)
+    max_body_bytes = max_body_bytes or settings.gateway_max_body_bytes
     try:
-        config = GatewayConfig(api_keys=load_api_keys(settings))
+        config = GatewayConfig(api_keys=load_api_keys(settings), max_body_bytes=max_body_bytes)
     except InvalidRequest as e:
         raise typer.BadParameter(str(e), param_hint="TOKENQ_API_KEYS") from e
     serve = partial(
@@ -55,6 +64,7 @@ def gateway(
         return
     # Each worker process builds its own app from the environment, so pass the URL on.
     os.environ["TOKENQ_REDIS_URL"] = settings.redis_url
+    os.environ["TOKENQ_GATEWAY_MAX_BODY_BYTES"] = str(max_body_bytes)
     serve(APP_FACTORY, factory=True, workers=workers)
 
 

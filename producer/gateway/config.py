@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from producer.body_guard import DEFAULT_MAX_BODY_BYTES
 from shared.errors import InvalidRequest
 from shared.models import check_weight
 from shared.priority import Priority, parse_priority
@@ -75,6 +76,8 @@ class GatewayConfig:
     # open) and checks that its request still exists.
     idle_check_s: float = 2.0
     max_redis_connections: int = 200
+    # A request body past this is refused with 413 as it arrives (producer.body_guard).
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def digest(token: str) -> str:

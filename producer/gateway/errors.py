@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from redis.exceptions import RedisClusterException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 # Re-exported: the gateway's routes raise and document these as the gateway's own.
@@ -27,6 +29,7 @@ from shared.errors import (
     NotFound,
     QueueFull,
     RateLimited,
+    ReplicationTimeout,
     RequestTimeout,
     TokenqError,
     UnknownAdapter,
@@ -52,12 +55,12 @@ _DESCRIPTIONS = {
     409: "the request has ended and cannot be changed",
     429: "the model's queue is full or the API key is over a rate limit; retry after "
     "Retry-After seconds (x-ratelimit-* say which limit)",
-    503: "Redis is unreachable",
+    503: "Redis is unreachable, or its replicas did not confirm a write in time; retry",
     504: "the request's deadline passed before it ran",
 }
 
 
-def _answer(request: Request, err: ApiError) -> JSONResponse:
+def error_response(request: Request, err: ApiError) -> JSONResponse:
     """The error response; also counted in tokenq:gateway_rejected_total."""
     backend = getattr(request.app.state, "backend", None)
     if backend is not None:
@@ -67,16 +70,16 @@ def _answer(request: Request, err: ApiError) -> JSONResponse:
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
-    return _answer(request, exc if isinstance(exc, ApiError) else map_tokenq_error(exc))
+    return error_response(request, exc if isinstance(exc, ApiError) else map_tokenq_error(exc))
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors() if isinstance(exc, RequestValidationError | ValidationError) else []
-    return _answer(request, from_validation_errors(errors, strip=("body",)))
+    return error_response(request, from_validation_errors(errors, strip=("body",)))
 
 
 async def _tokenq_error(request: Request, exc: Exception) -> JSONResponse:
-    return _answer(request, map_tokenq_error(exc))
+    return error_response(request, map_tokenq_error(exc))
 
 
 def map_tokenq_error(exc: Exception) -> ApiError:
@@ -100,7 +103,14 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         return invalid(str(exc))
     if isinstance(exc, RequestTimeout):
         return ApiError(504, str(exc), type="timeout", code="timeout")
-    if isinstance(exc, redis.RedisError):
+    if isinstance(exc, ReplicationTimeout):  # nothing was accepted: retrying is safe
+        return ApiError(
+            503, str(exc), type="service_unavailable", code="replication_timeout",
+            headers={"Retry-After": "1"},
+        )  # fmt: skip
+    if isinstance(exc, orjson.JSONEncodeError):
+        return _unencodable(exc)
+    if isinstance(exc, redis.RedisError | RedisClusterException):
         log.warning("redis error: %s", exc)
         return ApiError(
             503,
@@ -110,6 +120,17 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         )
     log.exception("unexpected error", exc_info=exc)
     return ApiError(500, "internal error; the gateway log has the details", type="server_error")
+
+
+def _unencodable(exc: orjson.JSONEncodeError) -> ApiError:
+    """A request holding what JSON cannot carry to a worker (orjson refuses an integer
+    past 64 bits and nesting past 255 levels) is the client's mistake, not a 500."""
+    log.info("refused a request JSON cannot encode: %s", exc)
+    return invalid(
+        f"invalid request: a value cannot be sent to the workers ({exc}): integers must "
+        "fit in 64 bits and objects and arrays nest at most 255 levels deep",
+        code="unencodable_value",
+    )
 
 
 def _rate_limited(exc: RateLimited) -> ApiError:
@@ -128,7 +149,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     detail = exc.detail if isinstance(exc, StarletteHTTPException) else str(exc)
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     headers = getattr(exc, "headers", None)
-    return _answer(
+    return error_response(
         request, ApiError(status, str(detail), type=kind, code=str(status), headers=headers)
     )
 
@@ -139,5 +160,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ValidationError, _request_validation)
     app.add_exception_handler(TokenqError, _tokenq_error)
     app.add_exception_handler(redis.RedisError, _tokenq_error)
+    app.add_exception_handler(orjson.JSONEncodeError, _tokenq_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _tokenq_error)

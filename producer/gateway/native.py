@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from producer.gateway.auth import Caller, Principal, priority_for
 from producer.gateway.backend import Backend, BackendDep
 from producer.gateway.errors import (
+    ErrorDetail,
     ErrorResponse,
     error_responses,
     from_validation_errors,
@@ -23,10 +24,12 @@ from producer.gateway.hub import parse_cursor
 from producer.gateway.sse import KEEPALIVE, SSEResponse, frame
 from producer.openai.requests import deadline_ms
 from producer.openai.schemas import PRIORITY_DOC
+from producer.refusals import SAMPLING_FIELDS, refusal_of
 from shared.errors import TokenqError
 from shared.keys import REQUEST_ID_RE
 from shared.models import (
     ChatMessage,
+    FinishReason,
     GenerationRequest,
     MetadataValue,
     RequestState,
@@ -76,6 +79,11 @@ class SubmitReply(BaseModel):
 
 class RequestView(RequestStatus):
     result: Result | None = None
+    error: ErrorDetail | None = Field(
+        None,
+        description="why a failed request failed: invalid_request_error (naming the "
+        "field) for a request that could not run as asked, else server_error",
+    )
 
 
 class CancelReply(BaseModel):
@@ -122,7 +130,23 @@ async def submit(
 async def get_request(request_id: RequestId, caller: Caller, backend: BackendDep) -> RequestView:
     """State, queue position and, once it has ended, the result."""
     status, result = await backend.view(request_id, caller.scope)
-    return RequestView(**status.model_dump(), result=result)
+    return RequestView(**status.model_dump(), result=result, error=_error_of(result))
+
+
+def _error_of(result: Result | None) -> ErrorDetail | None:
+    if result is None or result.finish_reason is not FinishReason.ERROR:
+        return None
+    refusal = refusal_of(result)
+    if refusal is None:
+        return ErrorDetail(message=result.error or "failed", type="server_error")
+    param = refusal.param_in(NATIVE_NAMES)
+    return ErrorDetail(
+        message=refusal.message, type="invalid_request_error", param=param, code=refusal.code
+    )
+
+
+# A refusal names a sampling field by its own name; the native body nests it.
+NATIVE_NAMES = {name: f"sampling.{name}" for name in SAMPLING_FIELDS}
 
 
 @router.delete(

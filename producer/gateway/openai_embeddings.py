@@ -55,7 +55,7 @@ async def embeddings(
         await cancel_all(backend, submitted)
         return Response(status_code=CLIENT_CLOSED)
     for final in finals:
-        if (error := failure(final)) is not None:
+        if (error := failure(final, "embeddings")) is not None:
             raise error
     answer = embedding_list(body, finals)
     body_bytes = orjson.dumps(answer.model_dump(mode="json"))

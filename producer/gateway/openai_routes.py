@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import orjson
 import redis
@@ -13,7 +14,6 @@ from pydantic import BaseModel
 
 from producer.gateway.auth import Caller, Principal, priority_for
 from producer.gateway.backend import Backend, BackendDep, Submitted, model_not_found
-from producer.gateway.entries import Entry
 from producer.gateway.errors import error_responses, map_tokenq_error
 from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
 from producer.openai.output import (
@@ -27,6 +27,7 @@ from producer.openai.requests import Origin, chat_request, completion_request
 from producer.openai.responses import ChatCompletion, Completion, ModelCard, ModelList
 from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
 from producer.requests import choice_requests
+from producer.streams.entries import Entry
 from shared.chat import ChatFeatures
 from shared.errors import NotFound, TokenqError
 from shared.loras import list_loras_async
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["openai"])
 REQUEST_ID_HEADER = "x-tokenq-request-id"
 CLIENT_CLOSED = 499  # nginx's code: the client left before the answer
+# A worker refuses a request it cannot run as it claims it; a stream waits up to this
+# long for its first event before it starts, so such a refusal still answers 400.
+REFUSAL_WAIT_S = 0.5
 
 
 def _streamed(chunk: str) -> dict[int | str, dict[str, object]]:
@@ -154,7 +158,7 @@ async def _answer(
     headers = {REQUEST_ID_HEADER: ",".join(s.request_id for s in submitted)}
     headers.update(submitted[-1].rate_headers)
     if stream:
-        return _stream(backend, submitted, renderers, headers)
+        return await _stream_unless_refused(backend, submitted, renderers, headers)
     collect = asyncio.gather(
         *(_collect(backend, s, r) for s, r in zip(submitted, renderers, strict=True))
     )
@@ -163,7 +167,7 @@ async def _answer(
         await _client_left(backend, submitted, renderers[0].kind)
         return Response(status_code=CLIENT_CLOSED)
     for final in finals:
-        if (error := failure(final)) is not None:
+        if (error := failure(final, renderers[0].kind)) is not None:
             raise error
     body = orjson.dumps(whole(finals).model_dump(mode="json"))
     return Response(body, media_type="application/json", headers=headers)
@@ -199,12 +203,57 @@ async def _collect(backend: Backend, submitted: Submitted, renderer: Renderer) -
     raise NotFound(f"request {submitted.request_id} ended without a final event")
 
 
+@dataclass
+class Head:
+    """One request's events, the first batch awaited (or awaiting) apart."""
+
+    events: AsyncIterator[list[Entry]]
+    first: asyncio.Future[list[Entry]]
+
+    async def batches(self) -> AsyncIterator[list[Entry]]:
+        try:
+            yield await self.first
+            async for batch in self.events:
+                yield batch
+        except StopAsyncIteration:
+            return
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        self.first.cancel()
+        await self.events.aclose()  # type: ignore[attr-defined]
+
+
+async def _stream_unless_refused(
+    backend: Backend, submitted: list[Submitted], renderers: list[Renderer], headers: dict[str, str]
+) -> Response:
+    """The stream; or, when the worker refuses the request before its first event (it
+    does so as it claims it: a prompt past the context, a grammar that does not compile),
+    the 400 a whole answer gets, as the stream has not started."""
+    if len(submitted) > 1:
+        return _stream(backend, submitted, renderers, headers)
+    events = backend.events(submitted[0].request_id)
+    head = Head(events, asyncio.ensure_future(anext(events)))
+    await asyncio.wait({head.first}, timeout=REFUSAL_WAIT_S)
+    first = head.first
+    if first.done() and not first.cancelled() and first.exception() is None:
+        final = next((e.final() for e in first.result() if e.is_final), None)
+        error = None if final is None else failure(final, renderers[0].kind)
+        if final is not None and error is not None and error.status == 400:
+            await head.close()
+            _record(backend, submitted[0], final)
+            raise error
+    return _stream(backend, submitted, renderers, headers, head)
+
+
 async def _merged(
-    backend: Backend, submitted: list[Submitted]
+    backend: Backend, submitted: list[Submitted], head: Head | None = None
 ) -> AsyncIterator[tuple[int, list[Entry]]]:
     """Every choice's event batches as they come, tagged with the choice's index."""
     if len(submitted) == 1:
-        async for batch in backend.events(submitted[0].request_id):
+        batches = backend.events(submitted[0].request_id) if head is None else head.batches()
+        async for batch in batches:
             yield 0, batch
         return
     queue: asyncio.Queue[tuple[int, list[Entry] | BaseException | None]] = asyncio.Queue()
@@ -239,6 +288,7 @@ def _stream(
     submitted: list[Submitted],
     renderers: list[Renderer],
     headers: dict[str, str],
+    head: Head | None = None,
 ) -> SSEResponse:
     kind = renderers[0].kind
     finals: dict[int, FinalEvent] = {}
@@ -249,7 +299,7 @@ def _stream(
         backend.metrics.streams.labels(kind).inc()
         try:
             yield b"".join(r.first_chunk() for r in renderers)
-            async for index, batch in _merged(backend, submitted):
+            async for index, batch in _merged(backend, submitted, head):
                 chunks, final = renderers[index].render(batch)
                 if final is not None:
                     finals[index] = final

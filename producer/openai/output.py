@@ -9,11 +9,10 @@ chunks of their own while streaming.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from producer.gateway.entries import Entry
 from producer.openai.answers import DONE, sse_data, text_logprobs, token_logprobs, total_usage
 from producer.openai.errors import ApiError, ErrorDetail, ErrorResponse
 from producer.openai.reasoning import ReasoningPlan
@@ -30,13 +29,32 @@ from producer.openai.responses import (
 )
 from producer.openai.schemas import ToolCall
 from producer.openai.tools import ToolPlan
+from producer.refusals import refusal_of
+from producer.streams.entries import Entry
 from shared.models import FinalEvent, FinishReason
 
 Kind = Literal["chat", "text"]
+# The native fields a worker's refusal may name, as each OpenAI route calls them.
+PARAM_NAMES: dict[str, Mapping[str, str]] = {
+    "chat": {
+        "prompt": "messages",
+        "prompt_token_ids": "messages",
+        "guided_json": "response_format",
+        "guided_structural_tag": "response_format",
+        "lora": "model",
+    },
+    "text": {"prompt_token_ids": "prompt", "lora": "model"},
+    "embeddings": {"prompt": "input", "prompt_token_ids": "input", "lora": "model"},
+}
 
 
-def failure(final: FinalEvent) -> ApiError | None:
-    """The error a request that produced no answer gets (expired, failed)."""
+def failure(final: FinalEvent, api: str = "chat") -> ApiError | None:
+    """The error a request that produced no answer gets (expired, failed): a 400 naming
+    the field for what the worker refused (``api``'s names), else a 500."""
+    refusal = refusal_of(final)
+    if refusal is not None:
+        param = refusal.param_in(PARAM_NAMES.get(api, {}))
+        return ApiError(400, refusal.message, param=param, code=refusal.code)
     if final.finish_reason is FinishReason.EXPIRED:
         return ApiError(
             504,
@@ -150,7 +168,7 @@ class Renderer:
                 out += self._chunk({"content": ""}, self._take_logprobs(), None)
         payload = {} if self.kind == "chat" else ""
         out += self._chunk(payload, None, self.finish_reason(final, self.num_calls_sent))
-        error = failure(final)
+        error = failure(final, self.kind)
         if error is not None:
             out += sse_data(ErrorResponse(error=error.detail).model_dump(mode="json"))
         return out

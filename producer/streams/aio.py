@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Generic, Protocol, cast
 
@@ -21,10 +22,13 @@ from producer.streams.aio_sources import (
     own_reader,
 )
 from producer.streams.core import E, Followers, Parse, Subscription
-from shared.connection import is_cluster
+from shared.connection import UNREACHABLE, is_cluster
 
 log = logging.getLogger(__name__)
 IDLE_TICKS = 4
+# How often a read names streams whose requests have not started (see ``starts``).
+SWEEP_S = 1.0
+Starts = Callable[[], AsyncIterator[str]]
 
 
 class AsyncSource(Protocol):
@@ -59,10 +63,23 @@ class AsyncHub(Generic[E]):
     """Fans the entries of many Redis Streams out to their followers, in batches."""
 
     def __init__(
-        self, source: AsyncSource, parse: Parse[E], idle_s: float = 2.0, gather_s: float = 0.0
+        self,
+        source: AsyncSource,
+        parse: Parse[E],
+        idle_s: float = 2.0,
+        gather_s: float = 0.0,
+        starts: Starts | None = None,
+        sweep_s: float = SWEEP_S,
     ) -> None:
+        """``starts``: the stream keys whose requests start, as they start (the lifecycle
+        channel): with it, streams of requests not started yet are left out of reads
+        but for a sweep every SWEEP_S (``producer.streams.core``), so a pub/sub message
+        lost costs a late first token, never a lost one (``sweep_s`` for tests)."""
         self._source = source
-        self._followers = Followers[E](parse)
+        self._followers = Followers[E](parse, dormancy=starts is not None)
+        self._starts = starts
+        self._sweep_s = sweep_s
+        self._swept_s = time.monotonic()
         self._changed = asyncio.Event()
         self._idle_s = idle_s
         # After a read that returned entries, the next waits up to this long (a new
@@ -77,6 +94,8 @@ class AsyncHub(Generic[E]):
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._tick())]
+        if self._starts is not None:
+            self._tasks.append(asyncio.create_task(self._follow_starts(self._starts)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -115,13 +134,23 @@ class AsyncHub(Generic[E]):
             await asyncio.sleep(interval_s)
             self._followers.tick(IDLE_TICKS)
 
+    async def _follow_starts(self, starts: Starts) -> None:
+        async for key in starts():
+            if self._followers.started(key):
+                await self._wake()
+
     async def _run(self) -> None:
         backoff_s = 0.05
-        while True:
+        task = asyncio.current_task()
+        # A stop() that lands in a blocked read can be swallowed by the client (it drops
+        # the connection and returns, or raises a connection error): checked each turn.
+        while task is None or not task.cancelling():
             try:
                 await self._step()
                 backoff_s = 0.05
-            except redis.RedisError as e:
+            except (redis.RedisError, *UNREACHABLE) as e:
+                if task is not None and task.cancelling():
+                    break
                 log.warning("stream reader: %s; retrying in %.2fs", e, backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
@@ -130,12 +159,24 @@ class AsyncHub(Generic[E]):
         if not self._followers:
             await self._changed.wait()
         self._changed.clear()
-        read_from = self._followers.cursors()
-        if not read_from:
+        now_s = time.monotonic()
+        sweep = now_s - self._swept_s >= self._sweep_s
+        if sweep:
+            self._swept_s = now_s
+        read_from = self._followers.cursors(sweep)
+        if not read_from:  # every followed stream is dormant: until a start, or the sweep
+            await _wait(self._changed, self._swept_s + self._sweep_s - now_s)
             return
         entries = await self._source.read(read_from, self._changed)
         self._followers.dispatch(entries, read_from)
         if entries and self._gather_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self._gather_s)
+            await _wait(self._changed, self._gather_s)
         await self._source.pause(self._changed)
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    """Until ``event`` is set or ``timeout_s`` passes. (``asyncio.timeout``, not
+    ``wait_for``: on Python 3.11 a cancel that lands as the wait ends can be lost.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()

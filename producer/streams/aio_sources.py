@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 
 from producer.streams.core import raw_reply, xread_entries
 from producer.streams.slots import COUNT, Pacer, is_redirect, plan_reads, xread_args
+from shared.connection import refresh_async
 
 log = logging.getLogger(__name__)
 Entries = list[tuple[str, Any, Any]]
@@ -167,8 +168,7 @@ class AsyncClusterSource:
         if connection is not None:
             await connection.aclose()
         if refresh:  # a failover or a resharding: read the slot map again
-            with contextlib.suppress(redis.RedisError):
-                await self._cluster.nodes_manager.initialize()
+            await refresh_async(self._cluster)
 
     async def pause(self, changed: asyncio.Event) -> None:
         with contextlib.suppress(TimeoutError):

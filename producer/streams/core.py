@@ -6,17 +6,28 @@ in flight, so a read's entries go only to followers whose cursor is at or past w
 that read started; the others are served by the next read, which starts from the
 slowest follower's cursor. Followers drop what they have already seen, so nothing is
 delivered twice either.
+
+A stream followed from its start before its request runs (a queued request) has
+nothing to read, and naming it in every read costs Redis work per read: such a stream
+is dormant, named once when followed (in case it holds entries already) and then only
+in a periodic sweep, until it is marked started (``started``: its request's start, as
+the lifecycle channel tells it) or a read returns entries of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from time import monotonic
 from typing import Any, Generic, Protocol, TypeVar
 
 from shared.replies import text
 
 E = TypeVar("E")
+# Streams marked started are remembered this long (and, past RECENT_MAX of them, the
+# older ones forgotten), so one followed just after its request started is not dormant.
+RECENT_S = 30.0
+RECENT_MAX = 10_000
 Cursor = tuple[int, int]
 MAX_ID_PART = 2**64 - 1
 # What one stream entry (key, id, fields) becomes for its followers (often one item);
@@ -89,10 +100,16 @@ class Subscription(Generic[E]):
 class Followers(Generic[E]):
     """Every followed stream, its followers, and where the next read of it starts."""
 
-    def __init__(self, parse: Parse[E]) -> None:
+    def __init__(self, parse: Parse[E], dormancy: bool = False) -> None:
+        """``dormancy``: streams followed from their start are dormant until marked
+        started (someone must call ``started``: see the module's docstring)."""
         self._parse = parse
         self._subs: dict[str, set[Subscription[E]]] = {}
         self._cursors: dict[str, str] = {}  # as the id string XREAD takes
+        self._dormancy = dormancy
+        self._dormant: set[str] = set()
+        self._probe: set[str] = set()  # dormant streams the next read names once
+        self._recent: dict[str, float] = {}  # streams marked started lately -> when
 
     @property
     def num_subscriptions(self) -> int:
@@ -104,10 +121,16 @@ class Followers(Generic[E]):
     def add(self, key: str, after: str, signal: Signal) -> Subscription[E]:
         """A follower of ``key`` from after ``after``; ValueError for a bad id."""
         sub = Subscription[E](key, parse_cursor(after), signal)
+        first = key not in self._subs
         self._subs.setdefault(key, set()).add(sub)
         current = self._cursors.get(key)
         if current is None or sub.cursor < parse_cursor(current):
             self._cursors[key] = format_cursor(sub.cursor)
+        if first and self._dormancy and sub.cursor == (0, 0) and key not in self._recent:
+            self._dormant.add(key)
+            self._probe.add(key)
+        elif sub.cursor != (0, 0):
+            self._dormant.discard(key)
         return sub
 
     def remove(self, sub: Subscription[E]) -> None:
@@ -117,10 +140,30 @@ class Followers(Generic[E]):
             if not subs:
                 del self._subs[sub.key]
                 del self._cursors[sub.key]
+                self._dormant.discard(sub.key)
+                self._probe.discard(sub.key)
 
-    def cursors(self) -> dict[str, str]:
-        """Where the next read of each stream starts (a copy: the read's own record)."""
-        return dict(self._cursors)
+    def started(self, key: str, now_s: float | None = None) -> bool:
+        """Stream ``key``'s request started: named in every read from now on (also if
+        it is followed only later, for a while). True when a dormant followed stream
+        woke: a read in flight should start over to name it."""
+        now_s = monotonic() if now_s is None else now_s
+        self._recent[key] = now_s
+        if len(self._recent) > RECENT_MAX:
+            self._recent = {k: t for k, t in self._recent.items() if now_s - t < RECENT_S}
+        if key in self._dormant:
+            self._dormant.discard(key)
+            return True
+        return False
+
+    def cursors(self, sweep: bool = True) -> dict[str, str]:
+        """Where the next read of each stream starts (a copy: the read's own record).
+        Without ``sweep``, dormant streams are left out, but for those just followed."""
+        probe, self._probe = self._probe, set()
+        if sweep or not self._dormant:
+            return dict(self._cursors)
+        named = (k for k in self._cursors if k not in self._dormant or k in probe)
+        return {k: self._cursors[k] for k in named}
 
     def tick(self, ticks_to_idle: int) -> None:
         for subs in self._subs.values():
@@ -139,6 +182,7 @@ class Followers(Generic[E]):
             if eligible:
                 self._offer(eligible, key, text(entry_id), fields)
         for key in seen:
+            self._dormant.discard(key)  # it has entries: its request runs (or ran)
             self._advance(key)
 
     def _eligible(self, key: str, read_from: Mapping[str, str]) -> list[Subscription[E]]:

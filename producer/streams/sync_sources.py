@@ -15,6 +15,7 @@ from redis.retry import Retry
 from producer.streams.aio_sources import UNBLOCK_RETRY_S, UNBLOCK_TRIES, UNBLOCKABLE_BLOCK_MS
 from producer.streams.core import xread_entries
 from producer.streams.slots import COUNT, Pacer, is_redirect, plan_reads, xread_args
+from shared.connection import refresh
 
 log = logging.getLogger(__name__)
 Entries = list[tuple[str, Any, Any]]
@@ -133,10 +134,7 @@ class ClusterSource:
         return found
 
     def _refresh(self) -> None:
-        try:
-            self._cluster.nodes_manager.initialize()
-        except redis.RedisError as e:
-            log.debug("cluster slot map refresh failed: %s", e)
+        refresh(self._cluster)
 
     def pause(self, changed: threading.Event) -> None:
         changed.wait(self._pacer.delay_s)

@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 
 from producer.streams.core import E, Followers, Parse, Subscription
 from producer.streams.sync_sources import BlockingSource, ClusterSource, Entries, own_reader
-from shared.connection import is_cluster
+from shared.connection import UNREACHABLE, is_cluster
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
@@ -96,7 +96,7 @@ class ThreadHub(Generic[E]):
             try:
                 self._step()
                 backoff_s = 0.05
-            except redis.RedisError as e:
+            except (redis.RedisError, *UNREACHABLE) as e:
                 log.warning("stream reader: %s; retrying in %.2fs", e, backoff_s)
                 self._changed.wait(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)

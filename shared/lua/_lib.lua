@@ -33,10 +33,11 @@ local function secs_between(from, to_ms)
   return (tonumber(to_ms) - tonumber(from)) / 1000.0
 end
 
--- Timings of a request hash as seen at finished_ms.
-local function timings(h, finished_ms)
-  local created, started, first = unpack(redis.call('HMGET', h, 'created_ms', 'started_ms',
-    'first_token_ms'))
+-- Timings of a request hash as seen at finished_ms. 'known': its created_ms, started_ms
+-- and first_token_ms when the caller read them already (false where absent), or nil.
+local function timings(h, finished_ms, known)
+  local created, started, first = unpack(known or redis.call('HMGET', h, 'created_ms',
+    'started_ms', 'first_token_ms'))
   return {
     queued_s = secs_between(created, started or finished_ms),
     ttft_s = secs_between(created, first),
@@ -45,14 +46,16 @@ local function timings(h, finished_ms)
 end
 
 -- End a request on its own slot: final event on its stream, terminal state, expiry,
--- notification. The model's indexes learn of it from settle.lua.
-local function finalize(h, stream, id, state, final_json, finished_ms, ttl_s, channel)
+-- notification. The model's indexes learn of it from settle.lua. 'extra': more fields
+-- to set with the state, as a flat list (field, value, ...), or nil. 'known': see timings.
+local function finalize(h, stream, id, state, final_json, finished_ms, ttl_s, channel, extra,
+    known)
   local final = cjson.decode(final_json)
-  final['timings'] = timings(h, finished_ms)
+  final['timings'] = timings(h, finished_ms, known)
   local encoded = cjson.encode(final)
   redis.call('XADD', stream, '*', 'e', encoded)
   redis.call('HSET', h, 'state', state, 'finish_reason', final['finish_reason'],
-    'final', encoded, 'finished_ms', finished_ms)
+    'final', encoded, 'finished_ms', finished_ms, unpack(extra or {}))
   redis.call('HDEL', h, 'lease_token')
   redis.call('EXPIRE', h, ttl_s)
   redis.call('EXPIRE', stream, ttl_s)
@@ -135,3 +138,21 @@ end
 -- calls (a publish per write, most of all) never need them encoded.
 local function expired_json() return unstarted_final('expired', 'deadline passed while queued') end
 local function cancelled_json() return unstarted_final('cancelled', cjson.null) end
+
+-- redis.call(command, key, items...) in calls of at most CHUNK items (even, so score and
+-- member pairs stay together), so a long list never overflows Lua's stack.
+local CHUNK = 1000
+local function call_chunked(command, key, items)
+  for first = 1, #items, CHUNK do
+    redis.call(command, key, unpack(items, first, math.min(first + CHUNK - 1, #items)))
+  end
+end
+-- HMGET of every field in 'fields' (in chunks), as one list.
+local function hmget_all(key, fields)
+  local out = {}
+  for first = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
+    for n = 1, #part do out[first + n - 1] = part[n] end
+  end
+  return out
+end

@@ -13,9 +13,10 @@ if ARGV[3] ~= '' then
   local existing = redis.call('GET', KEYS[2])
   if existing then return {'duplicate', existing} end
 end
-redis.call('HSET', KEYS[1], 'payload', ARGV[2], 'state', 'queued', 'model', ARGV[5],
-  'priority', ARGV[6], 'attempts', 0, 'created_ms', now_ms(), 'num_generated', 0)
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tenant', ARGV[8]) end
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'deadline_ms', ARGV[7]) end
+local fields = {'payload', ARGV[2], 'state', 'queued', 'model', ARGV[5], 'priority', ARGV[6],
+  'attempts', 0, 'created_ms', now_ms(), 'num_generated', 0}
+if ARGV[8] ~= '' then table.insert(fields, 'tenant'); table.insert(fields, ARGV[8]) end
+if ARGV[7] ~= '' then table.insert(fields, 'deadline_ms'); table.insert(fields, ARGV[7]) end
+redis.call('HSET', KEYS[1], unpack(fields))
 if ARGV[3] ~= '' then redis.call('SET', KEYS[2], id, 'EX', ARGV[4]) end
 return {'ok', id}

@@ -8,7 +8,7 @@ if state == 'queued' then return priority or '0' end
 if state ~= 'dead' then return '' end
 redis.call('DEL', KEYS[2])
 redis.call('HDEL', KEYS[1], 'worker', 'lease_token', 'final', 'output', 'finish_reason',
-  'finished_ms', 'started_ms', 'first_token_ms', 'dead_reason', 'cancel')
+  'finished_ms', 'started_ms', 'first_token_ms', 'dead_reason', 'cancel', 'ended_by')
 redis.call('HSET', KEYS[1], 'state', 'queued', 'attempts', 0, 'num_generated', 0)
 redis.call('PERSIST', KEYS[1])
 return priority or '0'

@@ -1,28 +1,37 @@
--- start (claim, step 2 of 2, the request's slot): mark a leased request running
--- under its lease token, if its hash still says 'queued' and no newer or revoked
--- lease generation has been seen (see _lib.lua). One call per request.
--- KEYS[1] request hash   KEYS[2] stream
--- ARGV[1] id   ARGV[2] lease token   ARGV[3] worker id   ARGV[4] result ttl s
--- ARGV[5] lifecycle channel
--- Returns {'started', payload, attempts, num_generated}
---       | {state, finished ms or ''}: not started; settle.lua drops the lease. State is
---         'expired' when its deadline had passed (ended here), 'missing' without a hash.
-local h = KEYS[1]
-local state, seen, deadline = unpack(redis.call('HMGET', h, 'state', 'lease_gen', 'deadline_ms'))
-if not state then return {'missing', ''} end
-local gen = token_gen(ARGV[2])
-if state ~= 'queued' or gen <= tonumber(seen or '0') then
-  return {state, redis.call('HGET', h, 'finished_ms') or ''}
-end
+-- start (claim, step 2 of 2, the requests' own slots): mark leased requests running
+-- under their lease tokens, each if its hash still says 'queued' and no newer or revoked
+-- lease generation has been seen (see _lib.lua). One call for a claim's requests on one
+-- Redis, one per slot on a Redis Cluster.
+-- KEYS[2i - 1], KEYS[2i]: request hash and stream of request i (i from 1)
+-- ARGV[1] worker id   ARGV[2] result ttl s   ARGV[3] lifecycle channel
+-- ARGV[2i + 2], ARGV[2i + 3]: id and lease token of request i
+-- Returns one reply per request: {'started', payload, attempts, num_generated}
+--   | {state, finished ms or ''}: not started; settle.lua drops the lease. State is
+--     'expired' when its deadline had passed (ended here), 'missing' without a hash.
+local worker, ttl_s, channel = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
-if deadline and tonumber(deadline) <= now then
-  finalize(h, KEYS[2], ARGV[1], 'expired', expired_json(), now, ARGV[4], ARGV[5])
-  return {'expired', tostring(now)}
+
+local function start_one(h, stream, id, token)
+  local state, seen, deadline, finished, attempts, payload, generated, started = unpack(
+    redis.call('HMGET', h, 'state', 'lease_gen', 'deadline_ms', 'finished_ms', 'attempts',
+    'payload', 'num_generated', 'started_ms'))
+  if not state then return {'missing', ''} end
+  local gen = token_gen(token)
+  if state ~= 'queued' or gen <= tonumber(seen or '0') then return {state, finished or ''} end
+  if deadline and tonumber(deadline) <= now then
+    finalize(h, stream, id, 'expired', expired_json(), now, ttl_s, channel)
+    return {'expired', tostring(now)}
+  end
+  attempts = tonumber(attempts or '0') + 1
+  -- A request resumed after its worker died keeps its first start.
+  redis.call('HSET', h, 'state', 'running', 'worker', worker, 'lease_token', token,
+    'lease_gen', gen, 'attempts', attempts, 'started_ms', started or now)
+  redis.call('PUBLISH', channel, cjson.encode({event = 'started', id = id, worker = worker}))
+  return {'started', payload or '', attempts, tonumber(generated or '0')}
 end
-local attempts = redis.call('HINCRBY', h, 'attempts', 1)
-redis.call('HSET', h, 'state', 'running', 'worker', ARGV[3], 'lease_token', ARGV[2],
-  'lease_gen', gen)
-redis.call('HSETNX', h, 'started_ms', now)
-redis.call('PUBLISH', ARGV[5], cjson.encode({event = 'started', id = ARGV[1], worker = ARGV[3]}))
-local payload, generated = unpack(redis.call('HMGET', h, 'payload', 'num_generated'))
-return {'started', payload or '', attempts, tonumber(generated or '0')}
+
+local out = {}
+for i = 1, #KEYS / 2 do
+  out[i] = start_one(KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i + 2], ARGV[2 * i + 3])
+end
+return out

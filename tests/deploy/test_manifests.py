@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from shared import metric_names
+from shared.sentinel import parse_sentinel_url
 from shared.settings import Settings
 from worker.metrics import WorkerMetrics
 
@@ -72,6 +73,7 @@ def test_kubernetes_manifests_validate(path: Path) -> None:
 
 def _all_env_names() -> set[str]:
     text = (ROOT / "docker-compose.yml").read_text() + "".join(p.read_text() for p in K8S)
+    text += (ROOT / "docker-compose.sentinel.yml").read_text()
     text += "".join(p.read_text() for p in (ROOT / "deploy").glob("*.Dockerfile"))
     return set(re.findall(r"\bTOKENQ_[A-Z0-9_]+", text)) - {"TOKENQ_REDIS_PASSWORD"}
 
@@ -143,3 +145,62 @@ def test_the_autoscaler_reads_a_metric_the_gateway_exports() -> None:
     keda = (ROOT / "deploy" / "k8s" / "keda-scaledobject.yaml").read_text()
     assert metric_names.QUEUE_DEPTH in keda
     assert metric_names.QUEUE_DEPTH in exported
+
+
+def _sentinel_compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "docker-compose.sentinel.yml").read_text()))
+
+
+def test_the_sentinel_compose_file_matches_the_compose_spec_and_mounts_what_exists() -> None:
+    schema_file = resources.files("check_jsonschema") / "builtin_schemas/vendor/compose-spec.json"
+    compose = _sentinel_compose()
+    jsonschema.validate(compose, json.loads(schema_file.read_text()))
+    for service in compose["services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            assert not source.startswith("./") or (ROOT / source).exists(), source
+
+
+def test_the_sentinel_variant_survives_a_primary_lost_with_a_replica_to_confirm_writes() -> None:
+    """Three sentinels (quorum 2) watch the base file's redis; two replicas, so that with
+    one replica required a failover leaves one; tokenq's processes reach the primary
+    through every sentinel, by the name the sentinels monitor."""
+    services = _sentinel_compose()["services"]
+    base = _compose()["services"]
+    sentinels = [n for n, s in services.items() if "sentinel.sh" in str(s.get("entrypoint"))]
+    replicas = [n for n, s in services.items() if "--replicaof" in s.get("command", [])]
+    assert len(sentinels) == 3 and len(replicas) == 2
+    for name in replicas:
+        command = services[name]["command"]
+        assert command[command.index("--replicaof") + 1] == "redis" and "redis" in base
+    script = (ROOT / "deploy" / "sentinel" / "sentinel.sh").read_text()
+    assert "sentinel monitor tokenq ${REDIS_PRIMARY_HOST} 6379 ${SENTINEL_QUORUM:-2}" in script
+    assert {services[n]["environment"]["REDIS_PRIMARY_HOST"] for n in sentinels} == {"redis"}
+    for name in ("gateway", "worker-gpu", "worker-cpu"):
+        env = services[name]["environment"]
+        url = parse_sentinel_url(re.sub(r"\$\{[^}]*\}", "password", env["TOKENQ_REDIS_URL"]))
+        assert (url.service, {h for h, _ in url.sentinels}) == ("tokenq", set(sentinels))
+        assert int(env["TOKENQ_REDIS_MIN_REPLICAS"]) == len(replicas) - 1
+
+
+def test_the_kubernetes_sentinel_variant_runs_three_redis_and_sentinel_pods() -> None:
+    docs = {d["kind"]: d for d in _docs(ROOT / "deploy" / "k8s" / "redis-sentinel.yaml")}
+    statefulset, scripts = docs["StatefulSet"], docs["ConfigMap"]["data"]
+    assert statefulset["spec"]["replicas"] == 3
+    assert {c["name"] for c in statefulset["spec"]["template"]["spec"]["containers"]} == {
+        "redis", "sentinel",
+    }  # fmt: skip
+    assert (
+        "sentinel monitor tokenq ${primary:-tokenq-redis-0.tokenq-redis} 6379 2"
+        in scripts["sentinel.sh"]
+    )
+    shipped = (ROOT / "deploy" / "redis.conf").read_text()
+    for line in ("appendonly yes", "appendfsync everysec", "maxmemory-policy noeviction"):
+        assert line in shipped and line in scripts["redis.conf"]
+    assert docs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    header = (ROOT / "deploy" / "k8s" / "redis-sentinel.yaml").read_text().splitlines()
+    url = next(line.split(": ", 1)[1] for line in header if "TOKENQ_REDIS_URL:" in line)
+    parsed = parse_sentinel_url(url)
+    name, _ = statefulset["metadata"]["name"], docs["Service"]["metadata"]["name"]
+    assert parsed.service == "tokenq"
+    assert parsed.sentinels == [(f"{name}-{i}.{name}", 26379) for i in range(3)]

@@ -18,6 +18,7 @@ from producer.embedded import free_port, wait_for_redis
 from shared.keys import Keys
 from shared.models import FinalEvent, TokenEvent
 from shared.records import stream_event
+from shared.replies import text
 
 SHIPPED_CONFIG = str(Path(__file__).parents[2] / "deploy" / "redis.conf")
 
@@ -126,6 +127,17 @@ def running_on(connection: redis.Redis, request_ids: list[str], pid: int) -> lis
         if state == b"running" and worker is not None and f"-{pid}-" in worker.decode():
             held.append(rid)
     return held
+
+
+def serving(connection: redis.Redis, pid: int) -> bool:
+    """Whether the worker process ``pid`` has loaded its model and serves (its registry
+    entry says so; while it loads, the entry says ``loading``)."""
+    keys = Keys()
+    for raw in connection.zrange(keys.workers(), 0, -1):
+        worker_id = text(raw)
+        if f"-{pid}-" in worker_id:
+            return connection.hget(keys.worker(worker_id), "state") == b"serving"
+    return False
 
 
 def wait_all_done(client: Client, ids: list[str], timeout_s: float) -> None:

@@ -41,6 +41,7 @@ BODIES: dict[str, dict[str, Any]] = {
 }
 TEXT = "The tide comes in twice a day."
 EMBED = {"input": TEXT}
+RESPONSE: dict[str, Any] = {"input": "Name a colour.", "max_output_tokens": 8, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,7 @@ def run_batch(url: str, log_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             for custom_id, body in BODIES.items()
         ]
         lines.append({"custom_id": "embed", "url": "/v1/embeddings", "body": EMBED})
+        lines.append({"custom_id": "response", "url": "/v1/responses", "body": RESPONSE})
         batch_id = batches.submit(lines, model=DEFAULT_MODEL)
         wait_for(lambda: batches.status(batch_id).state.terminal, 180, "the batch to end")
         outputs, errors = batches.results(batch_id)
@@ -95,7 +97,7 @@ def test_tools_and_n_lines_answer_as_the_live_route_and_a_bad_line_as_its_400(
     live: openai.OpenAI, redis_server: EmbeddedRedis, tmp_path: Path
 ) -> None:
     outputs, errors = run_batch(redis_server.url, tmp_path)
-    assert (sorted(outputs), sorted(errors)) == (["embed", "n2", "tools"], ["bad"])
+    assert (sorted(outputs), sorted(errors)) == (["embed", "n2", "response", "tools"], ["bad"])
     tools = outputs["tools"]["response"]["body"]
     (choice,) = tools["choices"]
     assert choice["finish_reason"] == "stop"  # OpenAI's for a named choice
@@ -125,3 +127,8 @@ def test_tools_and_n_lines_answer_as_the_live_route_and_a_bad_line_as_its_400(
     batched, alone = np.array(item["embedding"]), np.array(live_vector)
     assert (embed["object"], item["object"], batched.shape) == ("list", "embedding", alone.shape)
     assert float(batched @ alone) / float(np.linalg.norm(batched) * np.linalg.norm(alone)) > 0.9999
+    batched_response = outputs["response"]["response"]["body"]
+    raw = live.responses.with_raw_response.create(model=DEFAULT_MODEL, store=False, **RESPONSE)
+    live_response = raw.http_response.json()
+    assert batched_response["output"][0]["content"] == live_response["output"][0]["content"]
+    assert batched_response["usage"] == live_response["usage"]

@@ -31,6 +31,7 @@ from tests.integration.faults import (
     audit_stream,
     redis_now_ms,
     running_on,
+    serving,
     wait_all_done,
     wait_until,
 )
@@ -150,14 +151,19 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
     connection = any_real_redis.connection
     serve(connection, DEFAULT_MODEL)
     client = Client(connection=connection, settings=Settings())
-    # Enough that the restarted victim still finds work to be killed in.
     items = bodies(40, 48)
-    handles = submit_all(client, items)
+    # Each wave is submitted once the worker to be killed serves, so it claims part of
+    # it: the second wave waits for the restarted victim, which on a loaded machine can
+    # take longer to load than the survivor takes to finish the first wave.
+    waves = [items[:24], items[24:]]
     seqs = ("--redis", any_real_redis.url, "--max-num-seqs", "8")
-    victim, _ = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
-    ids = [h.id for h in handles]
+    victim, survivor = start_worker(*seqs, env=FAULT_ENV), start_worker(*seqs, env=FAULT_ENV)
+    wait_until(partial(serving, connection, survivor.pid), 240, "the survivor to serve")
+    handles: list[Handle] = []
     deaths: dict[str, list[int]] = {}  # request id -> when a worker holding it was killed
-    for _ in range(2):
+    for wave in waves:
+        wait_until(partial(serving, connection, victim.pid), 240, "the victim to serve")
+        handles += submit_all(client, wave)
         # Killed while it streams, so each stall measured is one worker's death (a worker
         # killed right after claiming a reclaimed request would make it two).
         wait_until(partial(streaming_on, handles, victim, 4), 240, "a request mid-stream")
@@ -165,9 +171,10 @@ def test_two_sigkills_lose_nothing_and_duplicate_nothing(
         killed_ms = redis_now_ms(connection)
         victim.wait(timeout=30)
         # Read before its leases lapse and the reaper puts its requests back.
-        for rid in running_on(connection, ids, victim.pid):
+        for rid in running_on(connection, [h.id for h in handles], victim.pid):
             deaths.setdefault(rid, []).append(killed_ms)
         victim = start_worker(*seqs, env=FAULT_ENV)
+    ids = [h.id for h in handles]
     wait_all_done(client, ids, 600)
     check_streams(connection, handles, reference(items))
     silent = silences(connection, handles, deaths)
@@ -226,6 +233,7 @@ def test_redis_killed_and_restarted_mid_run(
         server.start()
         wait_until(all_done(client, [h.id for h in handles]), 600, "every request to end")
         check_streams(connection, handles, reference(items))
+        connection.close()
     finally:
         server.stop()
 

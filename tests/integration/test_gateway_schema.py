@@ -104,6 +104,14 @@ def test_streams_conform_to_the_schema(api_schema: Any, path: str, body: dict[st
     assert response.text.endswith("data: [DONE]\n\n")
 
 
+def test_a_response_stream_conforms_to_the_schema(api_schema: Any) -> None:
+    case = api_schema["/v1/responses"]["POST"].Case(
+        body={"model": MODEL, "input": "hi", "stream": True}
+    )
+    response = case.call_and_validate(checks=CHECKS, timeout=30)
+    assert response.text.count("event: response.completed") == 1
+
+
 def test_native_events_conform_to_the_schema(api_schema: Any) -> None:
     submit = api_schema["/v1/requests"]["POST"].Case(body={"model": MODEL, "prompt": "hi"})
     request_id = submit.call_and_validate(checks=CHECKS, timeout=30).json()["id"]

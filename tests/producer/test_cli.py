@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import redis
 from typer.testing import CliRunner
 
-from producer.cli import app
+from producer.cli import app, state_line
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
 from shared.keys import Keys, model_tag
 from shared.models import RequestState
 from shared.settings import Settings
 from tests.conftest import serve
+from tests.producer.gateway.scripted import MODEL, ScriptedWorker
 from tests.shared.test_reaper import kill_every_attempt
+from tests.shared.test_scripts import claim
 
 runner = CliRunner()
 
@@ -93,3 +97,39 @@ def test_a_worker_setting_the_engine_cannot_run_with_is_refused_before_anything_
     assert result.exit_code == 2
     assert message in result.output
     assert real_redis.zcard(Keys().workers()) == 0  # nothing was announced
+
+
+def test_submit_says_where_its_request_stands_in_the_queue(
+    real_redis: redis.Redis, redis_server: EmbeddedRedis
+) -> None:
+    """Two requests wait ahead of it: the line says position 2 (never 'position None');
+    the worker starts only once it has been said, so the answer comes after."""
+    settings = Settings(redis_url=redis_server.url)
+    worker = ScriptedWorker(redis_server.url, settings)
+    worker.register()
+    ahead = Client(connection=real_redis, settings=settings)
+    for prompt in ("first", "second"):
+        ahead.submit(prompt, model=MODEL, priority="high")
+    starter = threading.Timer(1.0, worker.start)
+    starter.start()
+    try:
+        out = runner.invoke(app, ["submit", "hi", "--model", MODEL, "--redis", redis_server.url])
+    finally:
+        starter.join()
+        worker.stop()
+    assert out.exit_code == 0, out.output
+    assert "queued at position 2" in out.output
+    assert "None" not in out.output
+
+
+def test_the_state_line_of_a_running_or_ended_request(
+    real_redis: redis.Redis, redis_server: EmbeddedRedis
+) -> None:
+    serve(real_redis, "SmolLM2-135M-Instruct")
+    client = Client(connection=real_redis, settings=Settings())
+    handle, later = client.submit("x"), client.submit("y")
+    assert state_line(handle.status()) == "queued at position 0"
+    claim(real_redis, Settings(), 1, worker="w7")
+    assert state_line(handle.status()) == "running on w7"
+    assert later.cancel() == "cancelled"
+    assert state_line(later.status()) == "cancelled"

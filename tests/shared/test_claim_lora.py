@@ -11,11 +11,13 @@ import pytest
 
 from producer.admin import Admin
 from producer.client import Client, Handle
-from shared.calls import CLAIM_LOOK_PAST, Claimed, finish_call, parse_finish, settle_call
 from shared.flows import claim_flow, drive, fence_flow, retry_flow
 from shared.keys import Keys
 from shared.loras import new_adapter, register_lora
 from shared.models import TENANT, FinalEvent, FinishReason, LoraAdapter, RequestState, dumps
+from shared.ops.claim import CLAIM_LOOK_PAST, Claim, Claimed
+from shared.ops.moves import Fate, FenceMode, Settle
+from shared.ops.publish import Finish
 from shared.reaper import reap_once
 from shared.replies import text
 from shared.scripts import Scripts
@@ -39,9 +41,8 @@ def claim(client: Client, n: int, max_lora_rank: int | None, worker: str = "w") 
 
 
 def _claim(client: Client, n: int, max_lora_rank: int | None, worker: str) -> list[Claimed]:
-    ids = [text(i) for i in client.redis.zrange(KEYS.queue(TAG), 0, n - 1)]
-    flow = claim_flow(KEYS, client.settings, TAG, worker, ids, max_lora_rank)
-    return drive(Scripts(client.redis), flow) if ids else []
+    claim = Claim(TAG, worker, client.settings.lease_ms, n, n, max_lora_rank)
+    return drive(Scripts(client.redis), claim_flow(KEYS, client.settings, claim, cluster=True))
 
 
 def mark(client: Client, handle: Handle) -> float | None:
@@ -154,7 +155,7 @@ def test_a_resumed_adapter_request_is_replaced_only_by_resumed_work(client: Clie
     poet = client.submit("p", lora="poet", priority="critical")
     (held,) = _claim(client, 1, LORA, "lora")
     publish_token(client.redis, held, 0, "x")  # a reader is mid-answer: it resumes first
-    flow = fence_flow(KEYS, client.settings, TAG, {poet.id: held.lease_token}, "release")
+    flow = fence_flow(KEYS, client.settings, TAG, {poet.id: held.lease_token}, FenceMode.RELEASE)
     drive(Scripts(client.redis), flow)
     new = client.submit("base")
     assert poet.position() == 0 and mark(client, poet) == 8  # put back, still marked
@@ -201,9 +202,8 @@ def _end(client: Client, held: Claimed, state: str) -> None:
     else:
         final = dumps(FinalEvent(finish_reason=FinishReason.LENGTH))
     output = b'{"text": "", "token_ids": []}'
-    call = finish_call(
-        KEYS, client.settings, held.request_id, held.lease_token, final, output, state
-    )
-    moved = parse_finish(Scripts(client.redis).run(call), held.request_id, held.lease_token)
-    assert moved is not None
-    Scripts(client.redis).run(settle_call(KEYS, TAG, [moved]))
+    finish = Finish(held.request_id, held.lease_token, final, output, Fate(state))
+    reply = Scripts(client.redis).run(finish.call(KEYS, client.settings.result_ttl_s))
+    finished = finish.parse(reply)
+    assert finished is not None
+    Scripts(client.redis).run(Settle(TAG, [finished.moved]).call(KEYS))

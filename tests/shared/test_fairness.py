@@ -9,10 +9,10 @@ import pytest
 import redis
 
 from producer.client import Client
-from shared.calls import charge_call
 from shared.fairness import FAIR_UNITS_PER_TOKEN, estimated_tokens, excess_tokens, units
 from shared.keys import Keys, model_tag
 from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest
+from shared.ops.moves import Charge, Settle
 from shared.scripts import Scripts
 from shared.settings import Settings
 from tests.shared.test_scripts import MODEL, claim
@@ -79,7 +79,9 @@ def test_service_beyond_the_estimate_is_charged_to_the_tenant(fair_client: Clien
     claimed_tenants(fair_client, 2, owner)
     # a's first request turned out to cost 10 requests' worth more than estimated.
     per_request = units(estimated_tokens(GenerationRequest(model=MODEL, prompt="same size")), 1)
-    Scripts(fair_client.redis).run(charge_call(Keys(), TAG, [(50, "a", 10 * per_request)]))
+    Scripts(fair_client.redis).run(
+        Settle(TAG, [], [Charge(50, "a", 10 * per_request)]).call(Keys())
+    )
     owner |= dict.fromkeys(submit(fair_client, "a", 5), "a")
     owner |= dict.fromkeys(submit(fair_client, "b", 5), "b")
     order = claimed_tenants(fair_client, 48, owner)

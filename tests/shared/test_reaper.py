@@ -10,6 +10,7 @@ from producer.client import Client
 from shared.flows import drive, fence_flow, retry_flow
 from shared.keys import Keys
 from shared.models import FinishReason, RequestState
+from shared.ops.moves import Fate, FenceMode
 from shared.reaper import Reaped, reap_once
 from shared.replies import text
 from shared.scripts import Scripts
@@ -91,11 +92,15 @@ def test_release_hands_back_without_spending_an_attempt(client: Client) -> None:
     h = client.submit("a")
     (c,) = claim(client.redis, client.settings, 1)
     scripts = Scripts(client.redis)
-    flow = fence_flow(client.keys, client.settings, TAG, {c.request_id: c.lease_token}, "release")
-    assert [(m.state, m.fenced) for m in drive(scripts, flow)] == [("queued", True)]
+    flow = fence_flow(
+        client.keys, client.settings, TAG, {c.request_id: c.lease_token}, FenceMode.RELEASE
+    )
+    assert [(m.state, m.fenced) for m in drive(scripts, flow)] == [(Fate.QUEUED, True)]
     status = h.status()
     assert (status.state, status.attempts, status.position) == (RequestState.QUEUED, 0, 0)
-    flow = fence_flow(client.keys, client.settings, TAG, {c.request_id: c.lease_token}, "release")
+    flow = fence_flow(
+        client.keys, client.settings, TAG, {c.request_id: c.lease_token}, FenceMode.RELEASE
+    )
     assert [m.fenced for m in drive(scripts, flow)] == [False]
 
 

@@ -41,6 +41,15 @@ def test_the_python_client_takes_guided_and_penalty_fields() -> None:
         ({"logit_bias": {"3": -101}}, "sampling.logit_bias.3"),
         ({"guided_regex": "a", "guided_json": {}}, "not guided_json and guided_regex"),
         ({"guided_json": {"properties": {"x": {"uniqueItems": True}}}}, "'uniqueItems'"),
+        ({"top_k": 2**64}, "sampling.top_k"),
+        ({"top_k": 2**63}, "sampling.top_k"),
+        ({"stop_token_ids": [2**40]}, "sampling.stop_token_ids.0"),
+        ({"logit_bias": {str(2**64): 1}}, "sampling.logit_bias"),
+        ({"temperature": 1e-39}, "at least 0.001"),
+        ({"temperature": float("nan")}, "sampling.temperature"),
+        ({"top_p": float("inf")}, "sampling.top_p"),
+        ({"repetition_penalty": 1e-30}, "sampling.repetition_penalty"),
+        ({"min_tokens": 2**70}, "sampling.min_tokens"),
     ],
 )
 def test_bad_values_name_the_field(fields: dict[str, Any], says: str) -> None:

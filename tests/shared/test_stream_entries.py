@@ -7,8 +7,8 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from producer.gateway.entries import parse_entry
 from producer.openai.answers import token_logprobs
+from producer.streams.entries import parse_entry
 from shared.models import TokenEvent
 from shared.reads import parse_xread
 

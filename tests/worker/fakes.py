@@ -67,6 +67,9 @@ class ScriptedEngine:
     def lora_rank_limit(self) -> int:
         return self.lora_rank
 
+    def warm_fingerprints(self, limit: int) -> list[str]:
+        return []
+
     def step(self) -> list[RequestOutput]:
         return [self._advance(req) for req in list(self.running.values())]
 

@@ -268,7 +268,7 @@ def test_an_operator_drain_order_stops_claims(setup: Any, fake_redis: fakeredis.
     from worker.heartbeat import Heartbeat
 
     client, service, _ = setup
-    heartbeat = Heartbeat(service, fake_redis, {"model": MODEL})
+    heartbeat = Heartbeat(service.queue, service, {"model": MODEL})
     heartbeat.beat()
     assert not service.stopping.is_set()
     assert fake_redis.hget(Keys().worker("w1"), "state") == b"serving"
@@ -349,7 +349,7 @@ def test_a_lease_that_a_finish_in_flight_dropped_is_not_taken_for_lost(
     done = client.submit("a", model=MODEL, max_tokens=1)
     client.submit("b", model=MODEL, max_tokens=5)
     service.iterate()  # done's only token and its final event are held
-    heartbeat = Heartbeat(service, fake_redis, {"model": MODEL})
+    heartbeat = Heartbeat(service.queue, service, {"model": MODEL})
     step: Callable[[], list[RequestOutput]] = engine.step
     leases = Keys().leases(model_tag(MODEL))
 

@@ -29,3 +29,15 @@ def test_the_worker_command_offers_them() -> None:
     assert result.exit_code == 0
     for option in ("--max-model-len", "--self-check", "--no-self-check", "--trust-remote-code"):
         assert option in result.output
+
+
+def test_grammar_compile_bounds_reach_the_engine_config() -> None:
+    config = engine_config(
+        WorkerOptions("org/model", grammar_compile_threads=2, grammar_compile_timeout_s=3.5)
+    )
+    assert isinstance(config, EngineConfig)
+    assert (config.grammar_compile_threads, config.grammar_compile_timeout_s) == (2, 3.5)
+    result = CliRunner().invoke(
+        app, ["worker", "--model", "org/model", "--grammar-compile-threads", "0"]
+    )
+    assert result.exit_code == 2 and "grammar_compile_threads" in result.output

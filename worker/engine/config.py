@@ -15,7 +15,8 @@ class EngineConfig:
 
     The KV cache is one pool of ``kv_block_size``-token blocks, allocated once:
     ``kv_cache_mib`` of it, or with ``None`` the ``kv_cache_share`` of the memory
-    free at start-up. ``enable_prefix_caching`` lets a request reuse the cached
+    free at start-up; a hybrid model's state slots come out of the same budget
+    (``worker.engine.state_slots``). ``enable_prefix_caching`` lets a request reuse the cached
     blocks of any earlier request's identical prefix. ``prefill_chunk_tokens``
     caps how many prompt tokens one request computes per step (``None``: only the
     step's token budget limits it). With ``enable_aging``, a waiting request gains
@@ -42,6 +43,13 @@ class EngineConfig:
     logits on a short probe with transformers' own forward at start-up and refuses
     to serve a model whose logits differ beyond the dtype's tolerance
     (``worker.engine.self_check``).
+
+    With ``async_scheduling`` (on by default) the host schedules step N+1, builds its
+    inputs and post-processes step N-1 while step N runs; sampled ids feed the next
+    step on the device (``worker.engine.overlap``). ``timed_forward_ms`` replaces the
+    model's forward with a wait of that long that does not hold the GIL and returns
+    deterministic token ids, everything else real: a device-like forward on the CPU,
+    for benchmarks and tests of the host's share of a step.
 
     ``max_num_seqs``, ``max_num_batched_tokens`` and ``kv_cache_share`` left at
     ``None`` take the device's defaults: a small CPU box (64 rows, 512 tokens a
@@ -73,6 +81,13 @@ class EngineConfig:
     max_lora_rank: int = 16
     trust_remote_code: bool = False
     self_check: bool = True
+    # Structured outputs: grammars compile on this many threads, so one large schema
+    # does not hold the others behind it; one still compiling after the time limit
+    # ends its requests with an error naming the limit.
+    grammar_compile_threads: int = 4
+    grammar_compile_timeout_s: float = 10.0
+    async_scheduling: bool = True
+    timed_forward_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -93,11 +108,20 @@ class EngineConfig:
         _at_least("max_model_len", self.max_model_len, 2, optional=True)
         _at_least("max_loras", self.max_loras, 0)
         _at_least("max_lora_rank", self.max_lora_rank, 1)
+        _at_least("grammar_compile_threads", self.grammar_compile_threads, 1)
+        if not self.grammar_compile_timeout_s > 0:
+            raise ValueError(
+                f"grammar_compile_timeout_s must be above 0, got {self.grammar_compile_timeout_s}"
+            )
         if self.kv_cache_share is not None and not 0 < self.kv_cache_share <= 1:
             raise ValueError(f"kv_cache_share must be in (0, 1], got {self.kv_cache_share}")
         if self.pooling not in POOLING_METHODS:
             raise ValueError(
                 f"pooling must be one of {', '.join(POOLING_METHODS)}, got {self.pooling!r}"
+            )
+        if self.timed_forward_ms is not None and not self.timed_forward_ms > 0:
+            raise ValueError(
+                f"timed_forward_ms must be above 0 or None, got {self.timed_forward_ms}"
             )
         if not self.aging_interval_s > 0:
             raise ValueError(f"aging_interval_s must be above 0, got {self.aging_interval_s}")

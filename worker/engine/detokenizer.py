@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
+
+from tokenizers import decoders
 
 # Prompt tokens decoded ahead of the first output token, so that tokenizers which
 # drop a leading space at the start of a decode still give it to the first token.
@@ -15,6 +19,41 @@ class Tokenizer(Protocol):
     ) -> str | list[str]: ...
 
 
+class TokenTexts(dict[int, str]):
+    """Each token's text decoded alone, decoded once (at most one entry per id in the
+    vocabulary), shared by a tokenizer's detokenizers.
+
+    With ``concatenative`` (a byte-level decoder: a window's text is its tokens' bytes
+    decoded together), a window whose tokens' own texts are all whole characters (no
+    U+FFFD) decodes to those texts joined: most steps then call no decoder at all.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], concatenative: bool = False) -> None:
+        super().__init__()
+        self._decode = decode
+        self.concatenative = concatenative
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> TokenTexts:
+        backend = _plain_backend(tokenizer)
+        decoder = getattr(backend, "decoder", None)
+        return cls(plain_decode(tokenizer), isinstance(decoder, decoders.ByteLevel))
+
+    def decode(self, window: list[int]) -> str:
+        """``window``'s text, as the tokenizer decodes it."""
+        if len(window) == 1:
+            return self[window[0]]
+        if self.concatenative:
+            text = "".join([self[token_id] for token_id in window])
+            if "\ufffd" not in text:
+                return text
+        return self._decode(window)
+
+    def __missing__(self, token_id: int) -> str:
+        text = self[token_id] = self._decode([token_id])
+        return text
+
+
 class IncrementalDetokenizer:
     """Text deltas from a growing list of token ids.
 
@@ -23,31 +62,40 @@ class IncrementalDetokenizer:
     incomplete multi-byte character (U+FFFD) until more tokens complete it.
     """
 
-    def __init__(self, tokenizer: Tokenizer, context_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, context_ids: list[int], texts: TokenTexts | None = None
+    ) -> None:
         self.tokenizer = tokenizer
-        self._backend = _plain_backend(tokenizer)
+        self._texts = TokenTexts.of(tokenizer) if texts is None else texts
         self.token_ids = list(context_ids[-NUM_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.token_ids)
 
     def add(self, token_ids: list[int]) -> str:
-        self.token_ids.extend(token_ids)
-        prefix_text = self._decode(self.prefix_offset, self.read_offset)
-        full_text = self._decode(self.prefix_offset, len(self.token_ids))
+        ids = self.token_ids
+        ids.extend(token_ids)
+        prefix_text = self._texts.decode(ids[self.prefix_offset : self.read_offset])
+        full_text = self._texts.decode(ids[self.prefix_offset :])
         if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
         return full_text[len(prefix_text) :]
 
-    def _decode(self, start: int, end: int) -> str:
-        if self._backend is not None:
-            backend_text: str = self._backend.decode(
-                self.token_ids[start:end], skip_special_tokens=True
-            )
-            return backend_text
-        text = self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
+
+def plain_decode(tokenizer: Tokenizer) -> Callable[[list[int]], str]:
+    """Token ids to text, special tokens skipped: through the Rust tokenizer where
+    ``_plain_backend`` allows."""
+    backend = _plain_backend(tokenizer)
+    if backend is not None:
+        decode: Callable[[list[int]], str] = partial(backend.decode, skip_special_tokens=True)
+        return decode
+
+    def decode_slow(token_ids: list[int]) -> str:
+        text = tokenizer.decode(token_ids, skip_special_tokens=True)
         return text if isinstance(text, str) else "".join(text)
+
+    return decode_slow
 
 
 def _plain_backend(tokenizer: Tokenizer) -> Any:
@@ -77,6 +125,8 @@ class StopStringMatcher:
         """Append ``delta``; return the text now safe to emit and whether a stop
         string matched (the emitted text then ends right before it). With
         ``can_stop`` false (``min_tokens`` not reached yet) matches are ignored."""
+        if not self.stop and self.num_emitted_chars == len(self.text):
+            return delta, False  # nothing to find nor hold back: no need to keep the text
         search_from = max(0, len(self.text) - self.max_stop_len + 1)
         self.text += delta
         cut = self._find_stop(search_from) if can_stop else None

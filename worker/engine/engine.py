@@ -1,7 +1,10 @@
 """The engine: requests in, token deltas out, one batched step at a time.
 
 ``step()`` applies cancellations and deadlines, asks the scheduler what to run,
-has the model runner run it, and turns the new tokens into outputs.
+has the model runner run it, and turns the new tokens into outputs. With
+asynchronous scheduling (the default) it launches the next step before it reads the
+one in flight, so each call returns the tokens of the step before the one it
+launched (``worker.engine.overlap``).
 """
 
 from __future__ import annotations
@@ -11,37 +14,29 @@ import logging
 import time
 from typing import Any
 
+import jinja2
+
+from shared.limits import ModelLimits
 from shared.models import FinishReason
 from worker.engine.config import EngineConfig
 from worker.engine.grammar import CompilingRequests, Grammars
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner, pick_device
 from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.overlap import InFlight
 from worker.engine.pooling import Pooler
-from worker.engine.request import EngineRequest, Sequence
-from worker.engine.resume import resume_text_state
+from worker.engine.request import EngineRequest, SeqStatus, Sequence
+from worker.engine.runner_support import device_broken
 from worker.engine.scheduler import Scheduler
 from worker.engine.self_check import self_check
+from worker.engine.state_slots import CacheSizes, split_budget
+from worker.engine.token_output import TokenOutputs
 from worker.model_store import resolve_model
 
 log = logging.getLogger(__name__)
 
 # How long an idle step waits for a grammar to compile before returning to its caller.
 COMPILE_WAIT_S = 0.05
-
-
-class _TextState:
-    """Per-request text: the incremental detokenizer and the stop-string matcher."""
-
-    def __init__(self, engine: Engine, seq: Sequence) -> None:
-        req = seq.request
-        self.detokenizer, self.stop = resume_text_state(
-            engine.tokenizer,
-            req.prompt_token_ids,
-            req.output_token_ids,
-            req.output_text,
-            seq.sampling.stop,
-        )
 
 
 class Engine:
@@ -52,16 +47,18 @@ class Engine:
         self.config = config
         self.runner = ModelRunner(config, resolve_model(config.model))
         self.tokenizer = self.runner.tokenizer
-        num_blocks = self._num_kv_blocks()
-        self.runner.allocate_kv_cache(num_blocks)
-        self.kv_cache = KVCacheManager(num_blocks, config.kv_block_size, self._prefix_caching())
+        sizes = self._cache_sizes()
+        self.runner.allocate_kv_cache(sizes.num_blocks, sizes.num_state_slots)
+        self.kv_cache = KVCacheManager(
+            sizes.num_blocks, config.kv_block_size, self._prefix_caching(), sizes.num_state_slots
+        )
         if config.self_check:
             # Before any request: the probe writes blocks the KV cache has not handed out.
             self_check(self.runner, config.model)
         self.max_model_len = min(self.runner.max_model_len, self.kv_cache.max_num_tokens_per_seq)
         self.scheduler = Scheduler(
             self.kv_cache,
-            config.num_seqs,
+            min(config.num_seqs, sizes.num_state_slots or config.num_seqs),
             config.num_batched_tokens,
             config.prefill_chunk_tokens,
             config.aging_interval_s if config.enable_aging else None,
@@ -71,18 +68,35 @@ class Engine:
             recompute_at=self.runner.recompute_at,
         )
         self._seq_numbers = itertools.count()
-        self._text: dict[str, _TextState] = {}
+        self.outputs = TokenOutputs(self.tokenizer, self.runner.eos_token_ids, self.max_model_len)
+        # The sequences with a deadline, the only ones each step checks for one.
+        self._deadlines: dict[str, Sequence] = {}
         self._pending_finish: dict[str, tuple[Sequence, FinishReason]] = {}
         self.vocab_size: int = self.runner.model.config.get_text_config().vocab_size
-        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.runner.eos_token_ids)
-        self.compiling = CompilingRequests(self.grammars)
+        self.grammars = Grammars(
+            self.tokenizer,
+            self.vocab_size,
+            self.runner.eos_token_ids,
+            num_compile_threads=config.grammar_compile_threads,
+        )
+        self.compiling = CompilingRequests(self.grammars, config.grammar_compile_timeout_s)
         self.pooler = Pooler(config.pooling)
+        self._in_flight: InFlight | None = None
+        self.num_steps = 0  # steps the runner ran (launched, when asynchronous)
+        self.num_host_waits = 0  # times the host waited for a step's tokens
 
     def _prefix_caching(self) -> bool:
         if self.config.enable_prefix_caching and self.runner.rope_lens is not None:
             log.info(
                 "prefix caching off: this model's rotary changes with a sequence's length, "
                 "so the same prefix is not always the same keys and values"
+            )
+            return False
+        if self.config.enable_prefix_caching and self.runner.state_bytes_per_seq:
+            log.info(
+                "prefix caching off: this hybrid model's recurrent and convolution layers "
+                "keep a state per sequence that cached blocks do not hold; every prompt is "
+                "computed whole"
             )
             return False
         return self.config.enable_prefix_caching
@@ -93,9 +107,22 @@ class Engine:
         ``dimensions`` an embed request may keep."""
         return self.runner.hidden_size
 
+    def limits(self, guided: bool) -> ModelLimits:
+        """What this engine can take, for the worker to register (``shared.limits``)."""
+        return ModelLimits(
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            embedding_size=self.runner.hidden_size,
+            guided=guided,
+        )
+
     @property
     def kv_cache_budget_bytes(self) -> int:
-        return self.kv_cache.num_blocks * self.kv_cache.block_size * self.runner.kv_bytes_per_token
+        """The KV blocks' bytes and a hybrid's state slots'."""
+        slots = self.kv_cache.state_slots
+        state_bytes = 0 if slots is None else slots.num_slots * self.runner.state_bytes_per_seq
+        block_bytes = self.kv_cache.block_size * self.runner.kv_bytes_per_token
+        return self.kv_cache.num_blocks * block_bytes + state_bytes
 
     def encode_prompt(self, prompt: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(prompt)
@@ -111,14 +138,17 @@ class Engine:
         function tools) through the chat template, with ``template_kwargs`` as its
         extra variables (``enable_thinking``...)."""
         template_tools: Any = tools
-        encoded: Any = self.tokenizer.apply_chat_template(
-            messages,
-            tools=template_tools,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            **(template_kwargs or {}),
-        )
+        try:
+            encoded: Any = self.tokenizer.apply_chat_template(
+                messages,
+                tools=template_tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+                **(template_kwargs or {}),
+            )
+        except jinja2.TemplateError as e:  # the template's own refusal: the request's fault
+            raise ValueError(f"the model's chat template refused these messages: {e}") from e
         ids: list[int] = list(encoded["input_ids"])
         return ids
 
@@ -133,7 +163,9 @@ class Engine:
 
     def _join(self, req: EngineRequest) -> None:
         seq = Sequence.from_request(req, next(self._seq_numbers))
-        self._text[req.request_id] = _TextState(self, seq)
+        self.outputs.start(seq)
+        if req.deadline_unix_s is not None:
+            self._deadlines[req.request_id] = seq
         self.scheduler.add(seq)
         if seq.num_output_tokens >= req.sampling.max_tokens:
             self._pending_finish[req.request_id] = (seq, FinishReason.LENGTH)
@@ -147,7 +179,11 @@ class Engine:
             self._pending_finish[request_id] = (seq, reason)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or len(self.compiling) > 0
+        return (
+            self.scheduler.has_unfinished()
+            or len(self.compiling) > 0
+            or self._in_flight is not None
+        )
 
     def num_free_slots(self, resumed: bool = False) -> int:
         """How many more requests to claim now: free batch rows plus a small
@@ -162,18 +198,84 @@ class Engine:
         return max(0, capacity - sum(not r.resumed for r in held) - num_compiling)
 
     def step(self) -> list[RequestOutput]:
+        if self.config.async_scheduling:
+            return self._step_async()
         outputs = self._admit_compiled() + self._finish_cancelled()
         if not self.scheduler.has_unfinished():
             self.compiling.wait(COMPILE_WAIT_S)  # rather than have the caller spin
             return outputs
-        sched_out = self.scheduler.schedule()
+        sched_out = self._schedule()
         if not sched_out.scheduled:
             return outputs
+        try:
+            runner_out = self.runner.execute(sched_out)
+            self.num_steps += 1
+            self.num_host_waits += 1
+            self.scheduler.update_from_output(sched_out, runner_out)
+        except Exception as e:  # pinned on no one request: the step's requests end
+            return outputs + self._step_failed(sched_out, e)
+        return outputs + self._postprocess(sched_out, runner_out)
+
+    def _step_async(self) -> list[RequestOutput]:
+        """Launch the next step, then read the one in flight (see the module docs)."""
+        outputs = self._admit_compiled() + self._finish_cancelled()
+        if not self.scheduler.has_unfinished() and self._in_flight is None:
+            self.compiling.wait(COMPILE_WAIT_S)
+            return outputs
+        launched = None
+        if self.scheduler.has_unfinished():
+            sched_out = self._schedule()
+            if sched_out.scheduled:
+                try:
+                    launched = self.runner.launch(sched_out, self._in_flight)
+                except Exception as e:  # its inputs could not be built: its requests end
+                    outputs += self._step_failed(sched_out, e)
+                else:
+                    self.scheduler.advance(sched_out)
+                    self.num_steps += 1
+        done, self._in_flight = self._in_flight, launched
+        if done is not None:
+            outputs += self._read(done)
+        return outputs
+
+    def _schedule(self) -> SchedulerOutput:
+        sched_out = self.scheduler.schedule()
         for seq in sched_out.preempted:
             self.pooler.discard(seq.request_id)  # computed again from its first token
-        runner_out = self.runner.execute(sched_out)
-        self.scheduler.update_from_output(sched_out, runner_out)
-        return outputs + self._postprocess(sched_out, runner_out)
+        return sched_out
+
+    def _read(self, done: InFlight) -> list[RequestOutput]:
+        """The tokens of a step launched before: each in its place, then the outputs of
+        the sequences still unfinished (a sequence that finished since drops its token)."""
+        self.num_host_waits += 1
+        sched_out = done.sched_out
+        try:
+            runner_out = done.result()
+        except Exception as e:  # the step (or the one it took its tokens from) failed
+            return self._step_failed(sched_out, e)
+        for item, index, token_id in zip(
+            sched_out.sampled, done.token_index, runner_out.token_ids, strict=True
+        ):
+            seq = item.seq
+            if seq.status is not SeqStatus.FINISHED:
+                seq.token_ids[index] = token_id
+                seq.num_pending_tokens -= 1
+        for item in sched_out.scheduled:
+            if item.seq.status is SeqStatus.RUNNING:
+                self.kv_cache.cache_full_blocks(item.seq)
+        outputs = []
+        for at, (item, index, logprobs) in enumerate(
+            zip(sched_out.sampled, done.token_index, runner_out.logprobs, strict=True)
+        ):
+            if item.seq.status is not SeqStatus.FINISHED:
+                error = runner_out.errors.get(at)
+                outputs.append(self._token_output(item.seq, logprobs, error, index))
+        for item, partial in zip(sched_out.pooled, runner_out.pooled, strict=True):
+            if item.seq.status is not SeqStatus.FINISHED:
+                self.pooler.add(item.seq.request_id, partial)
+                if item.completes_prompt:
+                    outputs.append(self._embedding_output(item))
+        return outputs
 
     @property
     def device(self) -> str:
@@ -204,7 +306,7 @@ class Engine:
     def _validate(self, req: EngineRequest) -> None:
         if not req.prompt_token_ids:
             raise ValueError(f"request {req.request_id}: the prompt has no tokens")
-        if req.request_id in self._text or req.request_id in self.compiling:
+        if req.request_id in self.outputs or req.request_id in self.compiling:
             raise ValueError(f"request {req.request_id} is already in the engine")
         if req.lora is not None:
             self._check_lora(req)
@@ -220,12 +322,22 @@ class Engine:
                 f"max_tokens {req.sampling.max_tokens} need {num_needed} tokens of context, "
                 f"over the {limit} that {what}; shorten the prompt or lower max_tokens"
             )
-        too_big = [t for t in req.sampling.logit_bias if t >= self.vocab_size]
-        if too_big:
-            raise ValueError(
-                f"request {req.request_id}: logit_bias token id {too_big[0]} is not in this "
-                f"model's vocabulary of {self.vocab_size} tokens"
-            )
+        self._check_vocab(req)
+
+    def _check_vocab(self, req: EngineRequest) -> None:
+        """Every token id the request names is in the vocabulary (ValueError naming the
+        field and the limit)."""
+        sampling = req.sampling
+        for field, ids in (
+            ("logit_bias", sampling.logit_bias),
+            ("stop_token_ids", sampling.stop_token_ids),
+        ):
+            too_big = [t for t in ids if t >= self.vocab_size]
+            if too_big:
+                raise ValueError(
+                    f"request {req.request_id}: {field} token id {too_big[0]} is not in this "
+                    f"model's vocabulary of {self.vocab_size} tokens (ids 0..{self.vocab_size - 1})"
+                )
 
     def _check_lora(self, req: EngineRequest) -> None:
         """The adapter is read now (AdapterError, a ValueError, if it cannot be served)."""
@@ -245,6 +357,10 @@ class Engine:
     def resident_loras(self) -> list[str]:
         """The adapters loaded now, for the worker registry."""
         return [] if self.runner.lora is None else self.runner.lora.resident
+
+    def warm_fingerprints(self, limit: int) -> list[str]:
+        """The prefix fingerprints whose blocks the KV cache holds, newest first."""
+        return self.kv_cache.warm_fingerprints(limit)
 
     def _validate_embed(self, req: EngineRequest) -> None:
         limit, what = self._context_limit()
@@ -276,17 +392,20 @@ class Engine:
 
     def _finish_cancelled(self) -> list[RequestOutput]:
         now = time.time()
-        for seq in (*self.scheduler.running, *self.scheduler.waiting):
+        for request_id, seq in list(self._deadlines.items()):
             deadline = seq.request.deadline_unix_s
-            if deadline is not None and deadline <= now:
-                self._pending_finish.setdefault(seq.request_id, (seq, FinishReason.TIMEOUT))
+            if seq.status is SeqStatus.FINISHED:
+                del self._deadlines[request_id]
+            elif deadline is not None and deadline <= now:
+                self._pending_finish.setdefault(request_id, (seq, FinishReason.TIMEOUT))
         outputs = [self._finish(seq, reason) for seq, reason in self._pending_finish.values()]
         self._pending_finish.clear()
         return outputs
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> RequestOutput:
+        seq.drop_pending()
         self.scheduler.finish(seq, reason)
-        self._text.pop(seq.request_id, None)
+        self.outputs.end(seq.request_id)
         self.pooler.discard(seq.request_id)
         return RequestOutput(
             seq.request_id,
@@ -303,8 +422,11 @@ class Engine:
         self, sched_out: SchedulerOutput, runner_out: RunnerOutput
     ) -> list[RequestOutput]:
         outputs = []
-        for item, logprobs in zip(sched_out.sampled, runner_out.logprobs, strict=True):
-            outputs.append(self._new_token_output(item.seq, logprobs))
+        for at, (item, logprobs) in enumerate(
+            zip(sched_out.sampled, runner_out.logprobs, strict=True)
+        ):
+            error = runner_out.errors.get(at)
+            outputs.append(self._token_output(item.seq, logprobs, error))
         for item, partial in zip(sched_out.pooled, runner_out.pooled, strict=True):
             self.pooler.add(item.seq.request_id, partial)
             if item.completes_prompt:
@@ -316,7 +438,7 @@ class Engine:
         seq = item.seq
         embedding = self.pooler.finish(seq.request_id, seq.request.dimensions)
         self.scheduler.finish(seq, FinishReason.STOP)
-        self._text.pop(seq.request_id, None)
+        self.outputs.end(seq.request_id)
         return RequestOutput(
             seq.request_id,
             0,
@@ -329,53 +451,62 @@ class Engine:
             embedding=embedding,
         )
 
-    def _new_token_output(self, seq: Sequence, logprobs: dict[str, Any] | None) -> RequestOutput:
-        token_id = seq.token_ids[-1]
-        params = seq.sampling
-        reason = self._token_finish_reason(seq, token_id)
-        state = self._text[seq.request_id]
-        delta = "" if reason is not None else state.detokenizer.add([token_id])
-        can_stop = seq.num_output_tokens >= params.min_tokens
-        text, stopped = state.stop.add(delta, can_stop)
-        if stopped:
-            reason = FinishReason.STOP
-        elif reason is None and self._at_length(seq):
-            reason = FinishReason.LENGTH
-        if reason is not None:
-            text += "" if stopped else state.stop.flush()
-            self.scheduler.finish(seq, reason)
-            self._text.pop(seq.request_id, None)
-        return RequestOutput(
-            seq.request_id,
-            seq.num_output_tokens - 1,
-            [token_id],
-            text,
-            reason,
-            [logprobs] if logprobs is not None else None,
-            seq.num_prompt_tokens,
-            seq.num_output_tokens,
-        )
+    def _token_output(
+        self,
+        seq: Sequence,
+        logprobs: dict[str, Any] | None,
+        error: str | None,
+        index: int | None = None,
+    ) -> RequestOutput:
+        """The new token's output; a failure of this request's own (its sampling row,
+        its grammar, its detokenizer or stop strings) ends it alone."""
+        if error is None:
+            try:
+                return self._new_token_output(seq, logprobs, index)
+            except Exception as e:
+                log.warning("request %s failed after its token: %r", seq.request_id, e)
+                error = f"internal error: the output could not be read back as text: {e!r}"
+        return self._fail(seq, error)
 
-    def _token_finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
-        params = seq.sampling
-        if token_id in params.stop_token_ids:
-            return FinishReason.STOP
-        if not params.ignore_eos and token_id in self.runner.eos_token_ids:
-            return FinishReason.STOP
-        grammar = seq.request.grammar
-        if grammar is not None and (not grammar.accept(token_id) or grammar.terminated):
-            return FinishReason.STOP  # the output is complete (or the grammar is stuck)
-        return None
+    def _fail(self, seq: Sequence, error: str) -> RequestOutput:
+        """End ``seq`` now with ``error`` (no more tokens)."""
+        out = self._finish(seq, FinishReason.ERROR)
+        out.error = error
+        return out
 
-    def _at_length(self, seq: Sequence) -> bool:
-        return (
-            seq.num_output_tokens >= seq.sampling.max_tokens or seq.num_tokens >= self.max_model_len
-        )
+    def _step_failed(self, sched_out: SchedulerOutput, e: Exception) -> list[RequestOutput]:
+        """A step failed in a way pinned on no one request: its requests end (logged
+        once); a broken device ends the worker."""
+        if device_broken(e):
+            raise e
+        ended = [
+            item.seq for item in sched_out.scheduled if item.seq.status is not SeqStatus.FINISHED
+        ]
+        if not ended:  # the step after a failed one, whose requests already ended
+            return []
+        log.error("engine step failed; ending its %d request(s)", len(ended), exc_info=e)
+        error = f"internal error: the engine step running this request failed: {e!r}"
+        return [self._fail(seq, error) for seq in ended]
 
-    def _num_kv_blocks(self) -> int:
+    def _new_token_output(
+        self, seq: Sequence, logprobs: dict[str, Any] | None, index: int | None = None
+    ) -> RequestOutput:
+        """The output for ``seq``'s token at ``index`` (default: its last); a token that
+        ends it ends it here."""
+        out = self.outputs.output(seq, logprobs, index)
+        if out.finish_reason is not None:
+            seq.drop_pending()  # tokens computed after the last one (asynchronous steps)
+            self.scheduler.finish(seq, out.finish_reason)
+            self.outputs.end(seq.request_id)
+        return out
+
+    def _cache_sizes(self) -> CacheSizes:
+        """KV blocks and a hybrid's state slots from one budget (``split_budget``)."""
         if self.config.kv_cache_mib is not None:
             budget_bytes = self.config.kv_cache_mib << 20
         else:
             budget_bytes = int(self.runner.num_free_bytes() * self.config.cache_share)
         block_bytes = self.config.kv_block_size * self.runner.kv_bytes_per_token
-        return max(1, budget_bytes // block_bytes)
+        max_num_seqs = self.config.num_seqs + self.config.max_num_resumed_seqs
+        state_bytes = self.runner.state_bytes_per_seq
+        return split_budget(self.config.model, budget_bytes, block_bytes, state_bytes, max_num_seqs)

@@ -13,8 +13,10 @@ has into a fresh matcher, so it continues where it was.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -29,8 +31,27 @@ from shared.models import GUIDES, FinishReason, SamplingParams
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
+log = logging.getLogger(__name__)
+
 # xgrammar prefixes its errors with a timestamp and a C++ source location.
 _CPP_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+
+
+# The one command that gives a CPU worker structured outputs (xgrammar's wheel asks for
+# triton, a GPU compiler a CPU worker does not need; see pyproject.toml).
+GRAMMAR_INSTALL = "pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2"
+
+
+def grammar_backend_problem() -> str | None:
+    """Why this worker cannot serve structured outputs (its grammar backend does not
+    import), or None when it can."""
+    try:
+        import xgrammar  # noqa: F401
+    except Exception as e:  # ImportError, or a broken build's own error
+        return (
+            f"xgrammar cannot be imported ({type(e).__name__}: {e}); install it: {GRAMMAR_INSTALL}"
+        )
+    return None
 
 
 class GrammarError(ValueError):
@@ -59,8 +80,9 @@ class GrammarState:
 
 
 class Grammars:
-    """Compiles grammars on one background thread and caches them (the most recently
-    used ``max_num_cached``, failures included); thread-safe."""
+    """Compiles grammars on ``num_compile_threads`` background threads (one large
+    schema holds one of them, not the others) and caches them (the most recently used
+    ``max_num_cached``, failures included); thread-safe."""
 
     def __init__(
         self,
@@ -69,6 +91,7 @@ class Grammars:
         stop_token_ids: Iterable[int],
         max_threads: int = 1,
         max_num_cached: int = 256,
+        num_compile_threads: int = 4,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -76,11 +99,36 @@ class Grammars:
         self.max_threads = max_threads
         self.max_num_cached = max_num_cached
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._compiler_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(num_compile_threads, thread_name_prefix="grammar-compile")
         self._compiled: OrderedDict[str, Future[Any]] = OrderedDict()
 
-    @cached_property
+    def give_up(self, params: SamplingParams, future: Future[Any], error: str | None) -> None:
+        """No request waits for ``future`` any more: cancel it if it has not started
+        (forgotten, so a later request compiles it afresh). With ``error`` (it ran out
+        of time, and would again) later requests for the same grammar are refused at
+        once with it; else a compile under way is kept for them."""
+        source, cancelled = _source(params), future.cancel()
+        with self._lock:
+            if self._compiled.get(source) is not future:
+                return
+            if cancelled:
+                del self._compiled[source]
+            elif error is not None:
+                failed: Future[Any] = Future()
+                failed.set_exception(GrammarError(error))
+                self._compiled[source] = failed
+
+    @property
     def _compiler(self) -> Any:
+        with self._compiler_lock:  # the first compile threads build it once
+            return self._built_compiler
+
+    @cached_property
+    def _built_compiler(self) -> Any:
+        problem = grammar_backend_problem()
+        if problem is not None:
+            raise GrammarError(f"structured outputs are not served by this worker: {problem}")
         import xgrammar as xgr
 
         info = xgr.TokenizerInfo.from_huggingface(
@@ -113,7 +161,7 @@ class Grammars:
         return state
 
     def _compile(self, params: SamplingParams) -> Any:
-        compiler = self._compiler  # only the pool's one thread builds it
+        compiler = self._compiler
         try:
             if params.guided_json is not None:
                 # Unsorted: xgrammar writes properties in the order the schema declares.
@@ -132,9 +180,11 @@ class CompilingRequests:
     """Guided requests whose grammar is compiling; they join the scheduler when it is
     ready, or end: with an error (it cannot compile), aborted, or past their deadline."""
 
-    def __init__(self, grammars: Grammars) -> None:
+    def __init__(self, grammars: Grammars, timeout_s: float = 10.0) -> None:
         self.grammars = grammars
+        self.timeout_s = timeout_s
         self._waiting: dict[str, tuple[EngineRequest, Future[Any]]] = {}
+        self._since: dict[str, float] = {}  # when each began waiting (monotonic)
         self._ended: list[RequestOutput] = []
 
     def __len__(self) -> int:
@@ -152,14 +202,32 @@ class CompilingRequests:
             req.grammar = self.grammars.follow(future.result(), req.output_token_ids)
             return True
         self._waiting[req.request_id] = (req, future)
+        self._since[req.request_id] = time.monotonic()
         return False
 
-    def abort(self, request_id: str, reason: FinishReason) -> bool:
-        """End a waiting request at the next ``take``; False when it is not here."""
+    def abort(self, request_id: str, reason: FinishReason, error: str | None = None) -> bool:
+        """End a waiting request at the next ``take``; False when it is not here. A
+        compile no request waits for any more is given up."""
         entry = self._waiting.pop(request_id, None)
-        if entry is not None:
-            self._ended.append(_ended(entry[0], reason))
-        return entry is not None
+        self._since.pop(request_id, None)
+        if entry is None:
+            return False
+        req, future = entry
+        self._ended.append(_ended(req, reason, error))
+        if not future.done() and all(f is not future for _, f in self._waiting.values()):
+            self.grammars.give_up(req.sampling, future, error)
+        return True
+
+    def _time_out(self, now_s: float) -> None:
+        """End the requests whose grammar has compiled for longer than the limit."""
+        for request_id, (req, future) in list(self._waiting.items()):
+            if not future.done() and now_s - self._since[request_id] > self.timeout_s:
+                field = next(name for name in GUIDES if getattr(req.sampling, name) is not None)
+                error = (
+                    f"{field}: its grammar did not compile within the worker's limit of "
+                    f"{self.timeout_s:g} s; simplify it (fewer anyOf branches, smaller enums)"
+                )
+                self.abort(request_id, FinishReason.ERROR, error)
 
     def take(self, now_unix_s: float) -> tuple[list[EngineRequest], list[RequestOutput]]:
         """The requests whose grammar is ready (matcher set), and the outputs that end
@@ -167,6 +235,7 @@ class CompilingRequests:
         for request_id, (req, _) in list(self._waiting.items()):
             if req.deadline_unix_s is not None and req.deadline_unix_s <= now_unix_s:
                 self.abort(request_id, FinishReason.TIMEOUT)
+        self._time_out(time.monotonic())
         ready = [req for req, future in self._waiting.values() if future.done()]
         for req in ready:
             self._finish_compile(req)
@@ -182,10 +251,15 @@ class CompilingRequests:
 
     def _finish_compile(self, req: EngineRequest) -> None:
         _, future = self._waiting.pop(req.request_id)
+        self._since.pop(req.request_id, None)
         try:
             req.grammar = self.grammars.follow(future.result(), req.output_token_ids)
         except GrammarError as e:
             self._ended.append(_ended(req, FinishReason.ERROR, str(e)))
+        except Exception as e:  # the grammar backend itself failed: this request's end
+            log.warning("grammar for request %s failed: %r", req.request_id, e)
+            error = f"internal error: its grammar could not be built: {e!r}"
+            self._ended.append(_ended(req, FinishReason.ERROR, error))
 
 
 def _ended(req: EngineRequest, reason: FinishReason, error: str | None = None) -> RequestOutput:

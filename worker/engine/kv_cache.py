@@ -13,6 +13,15 @@ into blocks of its own. A freed block keeps its contents and digest, so that a l
 request still hits it, until the pool needs it back: the least recently freed is
 reused first, and a sequence frees its blocks last-first, so that a prefix's first
 blocks outlive its tail.
+
+A request's prefix fingerprints (``EngineRequest.prefix_cuts``) are tracked against the
+blocks of their cuts: a fingerprint is warm while every full block up to its cut is
+cached, which the worker publishes so that claims prefer requests it holds warm.
+
+A hybrid model's sequence also needs a state slot (``worker.engine.state_slots``): with
+``num_state_slots``, a sequence fits only where its blocks and a slot are both free, it
+takes its slot with its first blocks, and gives both back when freed; such a model
+serves without prefix caching.
 """
 
 from __future__ import annotations
@@ -23,15 +32,23 @@ from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
 from worker.engine.request import Sequence
+from worker.engine.state_slots import StateSlots
 
 
 class KVCacheManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        num_state_slots: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        # A cached block holds keys and values, not the state after it: a hybrid's
+        # sequence is always computed from its first token.
+        self.enable_prefix_caching = enable_prefix_caching and not num_state_slots
+        self.state_slots = StateSlots(num_state_slots) if num_state_slots else None
         self.ref_counts = [0] * num_blocks
         self._block_hashes: list[bytes | None] = [None] * num_blocks
         self._cached: dict[bytes, int] = {}
@@ -40,6 +57,9 @@ class KVCacheManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        # Fingerprint -> the digests of the full blocks up to its cut, least recently
+        # used first, at most MAX_TRACKED_FINGERPRINTS.
+        self._fingerprints: OrderedDict[str, tuple[bytes, ...]] = OrderedDict()
 
     @property
     def num_free_blocks(self) -> int:
@@ -78,6 +98,8 @@ class KVCacheManager:
         return max(0, num_fresh) + num_cached_free
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: Seq[int] = ()) -> bool:
+        if self.state_slots is not None and not self.state_slots.can_allocate(seq):
+            return False
         return self.num_blocks_needed(seq, num_new_tokens, cached) <= self.num_free_blocks
 
     def allocate(
@@ -92,6 +114,8 @@ class KVCacheManager:
         """
         if not self.can_allocate(seq, num_new_tokens, cached):
             return None
+        if self.state_slots is not None:
+            self.state_slots.allocate(seq)
         if not seq.block_table and self.enable_prefix_caching:
             self.num_queried_tokens += seq.num_tokens
             self.num_hit_tokens += len(cached) * self.block_size
@@ -114,6 +138,7 @@ class KVCacheManager:
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_cached_blocks:
             return
+        self._note_cuts(seq, seq.num_cached_blocks, num_full)
         digests = self._digests(seq, num_full)
         for index in range(seq.num_cached_blocks, num_full):
             block_id, digest = seq.block_table[index], digests[index]
@@ -124,8 +149,39 @@ class KVCacheManager:
                 self._block_hashes[block_id] = digest
         seq.num_cached_blocks = num_full
 
+    def _note_cuts(self, seq: Sequence, num_before: int, num_full: int) -> None:
+        """Track the fingerprints whose cut blocks ``seq`` now has all cached (hits
+        included), the newest last. Called with the blocks cached before and now."""
+        for fingerprint, num_tokens in seq.request.prefix_cuts:
+            num_blocks = num_tokens // self.block_size
+            if num_blocks == 0 or num_blocks > num_full:
+                continue
+            if num_blocks <= num_before and fingerprint in self._fingerprints:
+                self._fingerprints.move_to_end(fingerprint)
+                continue
+            self._fingerprints[fingerprint] = tuple(self._digests(seq, num_blocks))
+            self._fingerprints.move_to_end(fingerprint)
+            if len(self._fingerprints) > MAX_TRACKED_FINGERPRINTS:
+                self._fingerprints.popitem(last=False)
+
+    def warm_fingerprints(self, limit: int) -> list[str]:
+        """Up to ``limit`` fingerprints whose blocks are all still cached, most recently
+        used first. Read from the heartbeat's thread while the engine's runs: it copies
+        the table first (one step under the GIL) and changes nothing."""
+        tracked = list(self._fingerprints.items())
+        warm: list[str] = []
+        for fingerprint, digests in reversed(tracked):
+            if all(d in self._cached for d in digests):
+                warm.append(fingerprint)
+                if len(warm) >= limit:
+                    break
+        return warm
+
     def free(self, seq: Sequence) -> None:
-        """Release ``seq``'s blocks; cached contents stay findable until reused."""
+        """Release ``seq``'s blocks (and state slot); cached contents stay findable
+        until reused."""
+        if self.state_slots is not None:
+            self.state_slots.free(seq)
         for block_id in reversed(seq.block_table):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
@@ -157,6 +213,11 @@ class KVCacheManager:
             h.update(array("q", seq.token_ids[start : start + size]).tobytes())
             digests.append(h.digest())
         return digests[:num_blocks]
+
+
+# Fingerprints tracked at most (each with its cut's digests): far more than a worker
+# publishes, so the warm ones are found after many cold ones were evicted.
+MAX_TRACKED_FINGERPRINTS = 1024
 
 
 def _salt(seq: Sequence) -> bytes:

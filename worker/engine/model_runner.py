@@ -1,18 +1,23 @@
 """Runs a step on the device: the only part of the engine that holds tensors.
 
 It executes what the scheduler decided, never decides anything itself: holds the
-paged KV cache (one pool of blocks per layer, allocated once), and each step
-builds its inputs on the host (:class:`StepInputs`, one builder for every device
-and family), runs the model's forward on the device through the device's attention
-backend (gather + SDPA on the CPU, the paged kernel on CUDA, replayed as CUDA
-graphs where it can), then samples. The three stages are separate calls, so that
-the host can prepare a step while the device runs another.
+paged KV cache (one pool of blocks per attention layer, allocated once) and, for a
+hybrid model, the state slots of its other layers (``worker.engine.models.state``,
+allocated once beside it), and each step builds its inputs on the host
+(:class:`StepInputs`, one builder for every device and family), runs the model's
+forward on the device through the device's attention backend (gather + SDPA on the
+CPU, the paged kernel on CUDA, replayed as CUDA graphs where it can), then samples.
+The three stages are separate calls, so that the host can prepare a step while the
+device runs another: ``launch`` hands a step to the executor thread and returns at
+once (``worker.engine.overlap``); ``execute`` runs one and returns its tokens.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +33,26 @@ from worker.engine.generic_forward import GenericForward
 from worker.engine.loader import load_model
 from worker.engine.lora import LoraStore, lora_sites
 from worker.engine.models.decoder import DecoderModel, ForwardBatch
+from worker.engine.models.state import StateCache, state_bytes
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.overlap import (
+    InFlight,
+    StepResult,
+    TimedDevice,
+    timed_forward_token_ids,
+    timed_pack,
+    to_host,
+)
 from worker.engine.runner_support import (
     available_host_bytes,
     eos_token_ids,
     graphs_supported,
+    num_kv_layers,
     pick_device,
     pick_dtype,
+    state_shapes,
 )
-from worker.engine.sampler import Sampler, SamplingRow, sampling_row
+from worker.engine.sampler import GREEDY, Sampler, SamplingRow, sampling_row
 from worker.engine.step_inputs import RopeLens, StepInputs
 
 log = logging.getLogger(__name__)
@@ -44,6 +60,9 @@ log = logging.getLogger(__name__)
 # cuDNN's attention is left out: it builds a plan for each new shape, milliseconds of
 # CPU time, and a step's context lengths are new every step.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+# The GIL switch interval while steps run on the executor thread (see ``launch``).
+STEP_SWITCH_INTERVAL_S = 0.00005
 
 __all__ = ["ModelRunner", "pick_device"]
 
@@ -59,12 +78,17 @@ class ModelRunner:
         )
         self.model: Any = loaded.model
         self.tokenizer: PreTrainedTokenizerBase = loaded.tokenizer
+        if loaded.family is not None and loaded.family.state is not None and not config.fuse_layers:
+            # transformers' forward keeps no state from one step to the next.
+            raise UnsupportedModel(f"model {config.model}: a hybrid runs only fused")
         self.family = loaded.family if config.fuse_layers else None
         self.forward_fn = self._forward_fn(config)
         text_config = self.model.config.get_text_config()
         self.max_model_len: int = config.max_model_len or text_config.max_position_embeddings
         self.rope_lens, self.recompute_at = self._rope_switch()
         self.num_layers: int = text_config.num_hidden_layers
+        self.num_kv_layers = num_kv_layers(self.forward_fn, self.num_layers)
+        self.state_shapes = state_shapes(self.forward_fn, self.dtype)  # a hybrid's
         self.num_kv_heads: int = getattr(text_config, "num_key_value_heads", None) or (
             text_config.num_attention_heads
         )
@@ -90,7 +114,12 @@ class ModelRunner:
         self.max_num_batched_tokens = config.num_batched_tokens
         self.backend: CpuBackend | PagedBackend | None = None
         self.graphs: StepGraphs | None = None
+        self.state_cache: StateCache | None = None
         self.lora = self._lora_store(config)
+        self.vocab_size: int = text_config.vocab_size
+        timed_ms = config.timed_forward_ms
+        self.timed_device = None if timed_ms is None else TimedDevice(timed_ms / 1000)
+        self._executor: ThreadPoolExecutor | None = None
 
     def _forward_fn(self, config: EngineConfig) -> DecoderModel | GenericForward:
         """The fused forward of the model's family; transformers' own for a family with
@@ -126,8 +155,12 @@ class ModelRunner:
         return "prompt", None
 
     def _lora_store(self, config: EngineConfig) -> LoraStore | None:
-        """Adapters apply through the fused forward's projections only."""
+        """Adapters apply through the fused forward's projections only (not yet a
+        hybrid's: its layers are not all alike)."""
         if self.family is None or config.max_loras == 0:
+            return None
+        if self.family.state is not None:
+            log.info("LoRA adapters are not served on hybrid models (%s)", self.family.name)
             return None
         layers = self.model.get_decoder().layers
         sites = lora_sites(self.family, layers[0])
@@ -137,7 +170,12 @@ class ModelRunner:
     @property
     def kv_bytes_per_token(self) -> int:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * self.num_kv_layers * self.num_kv_heads * self.head_dim * itemsize
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """What one sequence's state slot takes (0: the model keeps no state)."""
+        return state_bytes(self.state_shapes)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -145,21 +183,23 @@ class ModelRunner:
         are first written)."""
         return sum(t.numel() * t.element_size() for t in (*self.key_cache, *self.value_cache))
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """The pool: ``num_blocks`` blocks per layer, plus one block of zeros that
-        pads decode rows to a common length and one scratch block that padding
-        tokens write to (neither is ever handed out)."""
+    def allocate_kv_cache(self, num_blocks: int, num_state_slots: int = 0) -> None:
+        """The pool: ``num_blocks`` blocks per attention layer, plus one block of zeros
+        that pads decode rows to a common length and one scratch block that padding
+        tokens write to (neither is ever handed out); and a hybrid's state slots."""
         self.null_slot = num_blocks * self.block_size
         self.scratch_slot = self.null_slot + self.block_size
         num_slots = self.scratch_slot + self.block_size
-        self.key_cache = [self._empty_pool(num_slots) for _ in range(self.num_layers)]
-        self.value_cache = [self._empty_pool(num_slots) for _ in range(self.num_layers)]
+        self.key_cache = [self._empty_pool(num_slots) for _ in range(self.num_kv_layers)]
+        self.value_cache = [self._empty_pool(num_slots) for _ in range(self.num_kv_layers)]
         log.info(
             "KV cache: %d blocks of %d tokens, %d MiB",
             num_blocks,
             self.block_size,
             self.kv_cache_bytes >> 20,
         )
+        if self.state_shapes:
+            self.state_cache = StateCache(self.state_shapes, num_state_slots, self.device)
         if self.paged:
             self.backend = PagedBackend(self.key_cache, self.value_cache, self.block_size)
         else:
@@ -181,13 +221,14 @@ class ModelRunner:
             self.max_num_rows,
             -(-self.max_model_len // self.block_size),
             self.scratch_slot,
+            self.state_cache,
         )
         with torch.inference_mode():
             self.graphs.capture()
         log.info(
             "captured %d CUDA graphs (steps of 1 to %d tokens) in %.1f s",
             len(self.graphs.sizes),
-            self.max_num_batched_tokens,
+            self.graphs.sizes[-1],
             time.perf_counter() - started,
         )
 
@@ -207,32 +248,110 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         inputs = self.prepare(out.scheduled)
+        rows, errors = self._sampling_rows(out.sampled)
+        return self.run_step(inputs, rows, errors=errors).runner_output(rows)
+
+    def launch(self, out: SchedulerOutput, prev: InFlight | None) -> InFlight:
+        """Build the step's inputs here and run it on the executor thread, after the
+        step ``prev`` (whose sampled ids fill this step's pending tokens); returns at
+        once. A row whose history the sampler reads gets a copy of it, since the host
+        goes on changing the sequence's tokens."""
+        inputs = self.prepare(out.scheduled)
+        sampled = out.sampled
+        rows, errors = self._sampling_rows(sampled)
+        for row in rows:
+            params = row.params
+            if (
+                params.repetition_penalty != 1.0
+                or params.frequency_penalty
+                or params.presence_penalty
+            ):
+                row.history = list(row.history)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenq-step")
+            # The step thread needs the GIL for a moment as a step ends (its result) and
+            # starts (its tensors) while the host thread runs Python: at CPython's default
+            # 5 ms switch interval that moment would wait a whole interval, every step.
+            sys.setswitchinterval(min(sys.getswitchinterval(), STEP_SWITCH_INTERVAL_S))
+        before = None if prev is None else prev.future
+        future = self._executor.submit(self._run_after, inputs, rows, errors, before)
+        token_index = [len(item.seq.token_ids) for item in sampled]  # where each's goes
+        return InFlight(out, rows, token_index, future)
+
+    def _run_after(
+        self,
+        inputs: StepInputs,
+        rows: list[SamplingRow],
+        errors: dict[int, str],
+        before: Future[StepResult] | None,
+    ) -> StepResult:
+        # The executor runs one step at a time in launch order: ``before`` is done.
+        prev_ids = None if before is None else before.result().token_ids
+        return self.run_step(inputs, rows, prev_ids, errors)
+
+    def run_step(
+        self,
+        inputs: StepInputs,
+        rows: list[SamplingRow],
+        prev_ids: torch.Tensor | None = None,
+        errors: dict[int, str] | None = None,
+    ) -> StepResult:
+        """Forward and sample; the host's copy of the ids is under way when it returns.
+        Rows whose own part failed are named in ``errors`` (their tokens are void)."""
+        errors = {} if errors is None else errors
         with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
-            logits, hidden = self.forward(inputs)
-            rows = [self._sampling_row(item) for item in out.sampled]
-            token_ids, logprobs = self.sampler(logits, rows)
-            pooled = self._pool(hidden, inputs.pool_lengths)
-        return RunnerOutput(token_ids, logprobs, pooled)
+            if self.timed_device is not None:
+                token_ids = self._timed_forward(inputs, prev_ids)
+                packed, pooled = timed_pack(token_ids, rows), []
+            else:
+                logits, hidden = self.forward(inputs, prev_ids)
+                token_ids, packed = self.sampler.sample(logits, rows, errors)
+                pooled = self._pool(hidden, inputs.pool_lengths)
+            host, ready = to_host(packed)
+        if self.timed_device is not None:
+            ready = self.timed_device.run()  # the step's end, which reading it waits for
+        return StepResult(token_ids, host, pooled, ready, errors)
+
+    def _timed_forward(self, inputs: StepInputs, prev_ids: torch.Tensor | None) -> torch.Tensor:
+        """The timed forward's ids (a hash of each sampling row's last token); its wait
+        is the ``TimedDevice``'s."""
+        token_ids = self._token_tensor(inputs, prev_ids)
+        index = self._tensor(inputs.sample_index)
+        positions = self._tensor(inputs.positions)[index]
+        return timed_forward_token_ids(token_ids[index], positions, self.vocab_size)
+
+    def _token_tensor(self, inputs: StepInputs, prev_ids: torch.Tensor | None) -> torch.Tensor:
+        """The step's token ids on the device, its pending ones from ``prev_ids``."""
+        token_ids = self._tensor(inputs.token_ids)
+        pending = self._pending(inputs, prev_ids)
+        if pending is not None:
+            index, pending_ids = pending
+            token_ids[index] = pending_ids
+        return token_ids
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepInputs:
         """The step's inputs, on the host."""
         return StepInputs.build(scheduled, self.block_size, self.rope_lens)
 
-    def forward(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, inputs: StepInputs, prev_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the sampling rows and final hidden states of the pooling rows: a
-        captured graph's replay where one fits, else an eager forward."""
+        captured graph's replay where one fits, else an eager forward. Pending tokens
+        come from ``prev_ids``, the step before's sampled ids on the device."""
         lora = self._lora_batch(inputs)  # a step with adapters runs eagerly
         if lora is None and self.graphs is not None and self._graph_fits(inputs):
-            return self.graphs.run(inputs), None
+            return self.graphs.run(inputs, self._pending(inputs, prev_ids)), None
         assert self.backend is not None, "allocate_kv_cache first"
         batch = ForwardBatch(
-            self._tensor(inputs.token_ids),
+            self._token_tensor(inputs, prev_ids),
             self._tensor(inputs.positions),
             self._tensor(inputs.sample_index),
             self.backend.step(inputs),
             self._tensor(inputs.pool_index) if inputs.pool_index else None,
             inputs.rope_lens,
             lora,
+            None if self.state_cache is None else self.state_cache.step(inputs),
         )
         logits, hidden = self.forward_fn(batch)
         return logits, hidden
@@ -263,6 +382,30 @@ class ModelRunner:
             reduced = [chunk[-1 if self.pooling == "last" else 0] for chunk in chunks]
         values: list[list[float]] = torch.stack(reduced).tolist()
         return values
+
+    def _sampling_rows(
+        self, sampled: list[ScheduledSeq]
+    ) -> tuple[list[SamplingRow], dict[int, str]]:
+        """Each sampled item's row; one that cannot be built fails its request alone
+        (a greedy row stands in, and its token is void)."""
+        rows, errors = [], {}
+        for at, item in enumerate(sampled):
+            try:
+                rows.append(self._sampling_row(item))
+            except Exception as e:
+                errors[at] = f"internal error: its sampling parameters could not be applied: {e!r}"
+                rows.append(SamplingRow(GREEDY, 0, item.seq.token_ids))
+        return rows, errors
+
+    def _pending(
+        self, inputs: StepInputs, prev_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where the pending tokens go in the step, and their ids on the device."""
+        if not inputs.pending_index:
+            return None
+        if prev_ids is None:
+            raise RuntimeError("a step with pending tokens needs the step before's ids")
+        return self._tensor(inputs.pending_index), prev_ids[self._tensor(inputs.pending_rows)]
 
     def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:
         return sampling_row(item.seq, self.eos_token_ids)

@@ -9,7 +9,7 @@ from shared.models import FinishReason
 from worker.engine.request import Sequence
 
 
-@dataclass
+@dataclass(slots=True)  # made per row per step
 class ScheduledSeq:
     """``num_tokens`` tokens of ``seq`` to compute this step, from ``start_pos`` on.
 
@@ -29,6 +29,10 @@ class ScheduledSeq:
     @property
     def block_table(self) -> list[int]:
         return self.seq.block_table
+
+    @property
+    def state_slot(self) -> int | None:
+        return self.seq.state_slot
 
     @property
     def pool(self) -> bool:
@@ -54,7 +58,7 @@ class SchedulerOutput:
 
     @property
     def pooled(self) -> list[ScheduledSeq]:
-        return [s for s in self.scheduled if s.pool]
+        return [s for s in self.scheduled if not s.sample and s.pool]  # a pooled one never samples
 
 
 @dataclass
@@ -65,9 +69,11 @@ class RunnerOutput:
     logprobs: list[dict[str, Any] | None] = field(default_factory=list)
     # Per item of ``SchedulerOutput.pooled``: its chunk's share of the pooled vector.
     pooled: list[list[float]] = field(default_factory=list)
+    # Per index into ``token_ids``: why that row's request failed (its token is void).
+    errors: dict[int, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)  # made per row per step
 class RequestOutput:
     """What one step produced for one request (see the engine's docs)."""
 

@@ -49,6 +49,9 @@ class EngineRequest:
     task: Task = "generate"
     dimensions: int | None = None
     lora: LoraRef | None = None
+    # Its prefix fingerprints (shared/prefixes.py), each with the number of prompt tokens
+    # its cut renders to: the KV cache says which it holds warm (``warm_fingerprints``).
+    prefix_cuts: tuple[tuple[str, int], ...] = ()
 
     # Resumed mid-answer after its worker died: its client is waiting for the rest.
     resumed: bool = field(init=False)
@@ -59,6 +62,10 @@ class EngineRequest:
     @property
     def embed(self) -> bool:
         return self.task == "embed"
+
+
+# A token id sampled on the device that the host has not read yet.
+PENDING = -1
 
 
 class SeqStatus(enum.Enum):
@@ -72,7 +79,9 @@ class Sequence:
     """Scheduler state of one request: its tokens, how many have KV, where they live.
 
     ``block_table`` lists the KV cache blocks that hold its tokens, in order; the
-    first ``num_cached_blocks`` of them are full and findable by later requests.
+    first ``num_cached_blocks`` of them are full and findable by later requests. A
+    hybrid model's running sequence also holds a ``state_slot`` for its recurrent and
+    convolution layers' state.
     """
 
     request: EngineRequest
@@ -83,9 +92,21 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0
+    state_slot: int | None = None
     block_digests: list[bytes] = field(default_factory=list, repr=False)
     boost: int = 0
     finish_reason: FinishReason | None = None
+    # Asynchronous scheduling (``worker.engine.overlap``): the last tokens are
+    # ``PENDING`` placeholders while the steps that sample them run; the newest one is
+    # row ``pending_row`` of its step's sampled ids on the device.
+    num_pending_tokens: int = 0
+    pending_row: int = 0
+    # ``__lt__``'s order as a key, kept (``raise_boost`` changes it): a sort reads it for
+    # every waiting sequence every step.
+    sort_key: tuple[int, float, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.raise_boost(self.boost)
 
     @classmethod
     def from_request(cls, request: EngineRequest, seq_no: int) -> Sequence:
@@ -117,6 +138,27 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
+    def waits_for_token(self) -> bool:
+        """Whether its next step must wait for the host to read its last token: a
+        grammar's matcher and the penalties read it on the host, and a sequence at its
+        token budget finishes with it."""
+        if not self.num_pending_tokens:
+            return False
+        params = self.request.sampling
+        return (
+            self.request.grammar is not None
+            or self.num_output_tokens >= params.max_tokens
+            or params.repetition_penalty != 1.0
+            or bool(params.presence_penalty or params.frequency_penalty)
+        )
+
+    def drop_pending(self) -> None:
+        """Forget the tokens still in flight (it finished before they were read)."""
+        if self.num_pending_tokens:
+            del self.token_ids[-self.num_pending_tokens :]
+            self.num_pending_tokens = 0
+
+    @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 
@@ -125,8 +167,9 @@ class Sequence:
 
         Scheduling takes the smallest first; the preemption victim is the largest.
         """
-        return (-self.priority, self.request.arrival, self.seq_no) < (
-            -other.priority,
-            other.request.arrival,
-            other.seq_no,
-        )
+        return self.sort_key < other.sort_key
+
+    def raise_boost(self, boost: int) -> None:
+        """Aging: ``boost`` more priority points than its request's own."""
+        self.boost = boost
+        self.sort_key = (-self.priority, self.request.arrival, self.seq_no)

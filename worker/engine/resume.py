@@ -10,7 +10,12 @@ back, to be emitted or cut by the next tokens, as it would have been.
 
 from __future__ import annotations
 
-from worker.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from worker.engine.detokenizer import (
+    IncrementalDetokenizer,
+    StopStringMatcher,
+    Tokenizer,
+    TokenTexts,
+)
 
 
 def resume_text_state(
@@ -19,10 +24,12 @@ def resume_text_state(
     output_ids: list[int],
     emitted_text: str | None,
     stop: tuple[str, ...],
+    texts: TokenTexts | None = None,
 ) -> tuple[IncrementalDetokenizer, StopStringMatcher]:
-    """A detokenizer and stop matcher as they stood after ``output_ids``; with
-    ``emitted_text`` None, everything decoded so far counts as emitted."""
-    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+    """A detokenizer (sharing ``texts``) and stop matcher as they stood after
+    ``output_ids``; with ``emitted_text`` None, everything decoded so far counts as
+    emitted."""
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, texts)
     matcher = StopStringMatcher(stop)
     matcher.text = "".join(detokenizer.add([token_id]) for token_id in output_ids)
     emitted = len(matcher.text) if emitted_text is None else len(emitted_text)

@@ -1,5 +1,5 @@
 """The model runner's small helpers: device and dtype choice, EOS ids, host memory,
-and whether a model's forward can be captured as CUDA graphs."""
+the KV and state layers a forward has, and whether it can be captured as CUDA graphs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from transformers import PreTrainedTokenizerBase
 
 from worker.engine.models.decoder import DecoderModel
 from worker.engine.models.moe import SparseMoe
+from worker.engine.models.shared_expert import SharedExpertMoe
+from worker.engine.models.state import StateShapes
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +64,36 @@ def graphs_supported(model: DecoderModel, device: torch.device, dtype: torch.dty
     """Whether a CUDA graph can capture the forward: a MoE layer's grouped matmul runs
     without a host sync only in bf16 on Hopper or Blackwell (elsewhere torch's
     fallback reads the experts' offsets on the host)."""
-    if not any(isinstance(layer.mlp, SparseMoe) for layer in model.layers):
+    if not any(isinstance(layer.mlp, SparseMoe | SharedExpertMoe) for layer in model.layers):
         return True
     major, _ = torch.cuda.get_device_capability(device)
     if dtype == torch.bfloat16 and major in (9, 10):
         return True
     log.info("MoE layers in %s on compute capability %d.x: steps run eagerly", dtype, major)
     return False
+
+
+def num_kv_layers(forward: Any, num_layers: int) -> int:
+    """The layers that hold a KV pool: the fused forward's attention layers (a hybrid's
+    others keep a state instead), every layer of transformers' own."""
+    return len(forward.attention_layers) if isinstance(forward, DecoderModel) else num_layers
+
+
+def state_shapes(forward: Any, dtype: torch.dtype) -> list[StateShapes]:
+    """Each state layer's tensors per slot (none but in a hybrid model)."""
+    if not isinstance(forward, DecoderModel):
+        return []
+    return [mixer.state_shapes(dtype) for mixer in forward.state_mixers]
+
+
+# What a CUDA error says when the device (or its context) is unusable from then on.
+_DEVICE_ERROR_MARKS = ("CUDA error", "device-side assert", "cuDNN error", "CUBLAS_STATUS")
+
+
+def device_broken(error: BaseException) -> bool:
+    """Whether ``error`` leaves the device unusable (the worker must end), rather
+    than being about the requests of the step that raised it."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error) for m in _DEVICE_ERROR_MARKS)

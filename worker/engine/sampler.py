@@ -28,7 +28,18 @@ from worker.engine.sampling_ops import token_seed
 if TYPE_CHECKING:
     from worker.engine.request import Sequence
 
-__all__ = ["Sampler", "SamplingRow", "TokenMask", "sampling_row", "token_seed"]
+__all__ = [
+    "GREEDY",
+    "Sampler",
+    "SamplingRow",
+    "TokenMask",
+    "sampling_row",
+    "token_seed",
+    "unpack",
+]
+
+# A row that stands in for one whose own could not be built (its token is void).
+GREEDY = SamplingParams(temperature=0.0)
 
 
 class TokenMask(Protocol):
@@ -37,7 +48,7 @@ class TokenMask(Protocol):
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> Any: ...
 
 
-@dataclass
+@dataclass(slots=True)  # made per row per step
 class SamplingRow:
     params: SamplingParams
     output_index: int
@@ -53,17 +64,19 @@ class SamplingRow:
 
 def sampling_row(seq: Sequence, eos_token_ids: Seq[int]) -> SamplingRow:
     """The row for ``seq``'s next token (EOS and stop ids held back before min_tokens)."""
-    params = seq.sampling
+    request = seq.request
+    params = request.sampling
+    num_output_tokens = len(seq.token_ids) - seq.num_prompt_tokens
     suppressed: tuple[int, ...] = ()
-    if seq.num_output_tokens < params.min_tokens:
+    if num_output_tokens < params.min_tokens:
         suppressed = (*eos_token_ids, *params.stop_token_ids)
     return SamplingRow(
         params,
-        seq.num_output_tokens,
+        num_output_tokens,
         seq.token_ids,
         suppressed,
         seq.num_prompt_tokens,
-        seq.request.grammar,
+        request.grammar,
     )
 
 
@@ -73,37 +86,54 @@ class Sampler:
         self._rng = random.Random()
 
     def __call__(
-        self, logits: torch.Tensor, rows: list[SamplingRow]
+        self, logits: torch.Tensor, rows: list[SamplingRow], errors: dict[int, str] | None = None
     ) -> tuple[list[int], list[dict[str, Any] | None]]:
+        """The rows' next tokens and logprobs. A row whose own part fails (its grammar's
+        mask) is sampled unmasked and named in ``errors``: its request ends, the
+        others' tokens stand."""
+        _, packed = self.sample(logits, rows, errors)
+        return unpack(packed.double().cpu(), rows)  # the one device-to-host copy
+
+    def sample(
+        self, logits: torch.Tensor, rows: list[SamplingRow], errors: dict[int, str] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chosen ids ``[rows]`` and what the host reads of them (``unpack``), both
+        still on the device; rows that failed are named in ``errors`` as ``__call__``'s."""
         raw = logits.float()
         wants_logprobs = any(r.params.logprobs is not None for r in rows)
         # Processing works in place; logprobs are of the raw logits, so keep a copy then.
-        processed = self._process(raw.clone() if wants_logprobs else raw, rows)
+        errors = {} if errors is None else errors
+        processed = self._process(raw.clone() if wants_logprobs else raw, rows, errors)
         token_ids = self._pick(processed, rows)
         num_top = max((r.params.logprobs or 0 for r in rows), default=0)
         packed = _pack(raw, token_ids, num_top) if wants_logprobs else token_ids[:, None]
-        host: list[list[float]] = packed.double().cpu().tolist()  # the one device-to-host copy
-        ids = [int(row[0]) for row in host]
-        return ids, [_logprobs_entry(r, h) for r, h in zip(rows, host, strict=True)]
+        return token_ids, packed
 
     def _tensor(self, values: Seq[object], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-    def _process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def _process(
+        self, logits: torch.Tensor, rows: list[SamplingRow], errors: dict[int, str]
+    ) -> torch.Tensor:
         """Penalties, biases and masks: what changes which tokens may come, and how likely."""
         params = [r.params for r in rows]
         if any(p.repetition_penalty != 1.0 for p in params):
             logits = self._repetition(logits, rows)
         if any(p.presence_penalty or p.frequency_penalty for p in params):
-            counts = ops.output_counts(
-                [list(r.output_ids) for r in rows], logits.shape[-1], logits.device
-            )
+            # Only the penalised rows' tokens: the others' last may still be on the device.
+            output_ids = [
+                list(r.output_ids)
+                if r.params.presence_penalty or r.params.frequency_penalty
+                else []
+                for r in rows
+            ]
+            counts = ops.output_counts(output_ids, logits.shape[-1], logits.device)
             frequency = self._tensor([p.frequency_penalty for p in params], torch.float32)
             presence = self._tensor([p.presence_penalty for p in params], torch.float32)
             logits = ops.apply_frequency_presence(logits, counts, frequency, presence)
         logits = self._add_sparse(logits, rows)
         if any(r.grammar is not None for r in rows):
-            logits = ops.apply_bitmask(logits, self._bitmask(rows, logits.shape[-1]))
+            logits = ops.apply_bitmask(logits, self._bitmask(rows, logits.shape[-1], errors))
         return logits
 
     def _repetition(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -125,11 +155,17 @@ class Sampler:
             logits[index[0], index[1]] = float("-inf")
         return logits
 
-    def _bitmask(self, rows: list[SamplingRow], vocab_size: int) -> torch.Tensor:
+    def _bitmask(
+        self, rows: list[SamplingRow], vocab_size: int, errors: dict[int, str]
+    ) -> torch.Tensor:
         bitmask = torch.full((len(rows), (vocab_size + 31) // 32), -1, dtype=torch.int32)
         for i, row in enumerate(rows):
-            if row.grammar is not None:
-                row.grammar.fill_next_token_bitmask(bitmask, i)
+            if row.grammar is not None and i not in errors:
+                try:
+                    row.grammar.fill_next_token_bitmask(bitmask, i)
+                except Exception as e:
+                    errors[i] = f"internal error: its grammar could not give the next tokens: {e!r}"
+                    bitmask[i] = -1
         return bitmask
 
     def _pick(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -154,6 +190,17 @@ class Sampler:
         if row.params.seed is None:
             return self._rng.getrandbits(63)
         return token_seed(row.params.seed, row.output_index)
+
+
+def unpack(
+    packed: torch.Tensor, rows: list[SamplingRow]
+) -> tuple[list[int], list[dict[str, Any] | None]]:
+    """Each row's id and logprobs entry from ``Sampler.sample``'s packed tensor, on the host."""
+    ids: list[int] = packed[:, 0].long().tolist()
+    if packed.shape[1] == 1:  # no row asked for logprobs
+        return ids, [None] * len(ids)
+    host: list[list[float]] = packed.tolist()
+    return ids, [_logprobs_entry(r, h) for r, h in zip(rows, host, strict=True)]
 
 
 def _pack(raw: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> torch.Tensor:

@@ -17,18 +17,30 @@ requests with adapters wait behind it, so that the adapters in use drain. A mode
 rotary switches at a length and recomputes what came before (Phi-3's longrope, as
 transformers generates it) has a sequence reaching ``recompute_at`` tokens recomputed
 whole, as a preemption does.
+
+With asynchronous scheduling the engine schedules a step while the one before runs:
+it calls :meth:`Scheduler.advance` as it launches a step (each sampled sequence gains
+a ``PENDING`` token that the device feeds to the next step) instead of
+``update_from_output`` after it. A running sequence whose pending token must be read
+on the host first (``Sequence.waits_for_token``) sits that step out, and a preempted
+one waits for its pending token before it is admitted again.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from operator import attrgetter
 
 from shared.models import FinishReason
 from shared.priority import MAX_PRIORITY
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
-from worker.engine.request import LoraRef, SeqStatus, Sequence
+from worker.engine.request import PENDING, LoraRef, SeqStatus, Sequence
+
+# ``Sequence``'s order read without a Python call per sequence: the waiting line is
+# sorted every step and can be thousands long.
+_ORDER = attrgetter("sort_key")
 
 
 class Scheduler:
@@ -58,6 +70,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._waiting_since: dict[int, float] = {}
+        self._num_resumed_or_adapted_waiting = 0  # of the waiting line
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -75,8 +88,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._age_waiting()
-        self.waiting.sort()
-        self.running.sort()
+        self.waiting.sort(key=_ORDER)
+        self.running.sort(key=_ORDER)
         self._preempt_for_waiting(out)
         if self._urgent_waiting():
             # The urgent requests' prefills run in a short step of their own, so
@@ -105,13 +118,23 @@ class Scheduler:
         for item, token_id in zip(out.sampled, runner_out.token_ids, strict=True):
             item.seq.token_ids.append(token_id)
 
+    def advance(self, out: SchedulerOutput) -> None:
+        """A step launched before its tokens are known: advance the computed counts and
+        give each sampled sequence a pending token, row ``i`` of the step's samples."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens = item.start_pos + item.num_tokens
+        for row, item in enumerate(out.sampled):
+            seq = item.seq
+            seq.token_ids.append(PENDING)
+            seq.num_pending_tokens += 1
+            seq.pending_row = row
+
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Take ``seq`` out of the batch (or the waiting line) and free its cache."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
-            self.waiting.remove(seq)
-            self._waiting_since.pop(seq.seq_no, None)
+            self._leave_waiting(seq)
         self.kv_cache.free(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
@@ -120,6 +143,8 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0 or seq.status is not SeqStatus.RUNNING:
                 break
+            if seq.waits_for_token:
+                continue
             if seq.num_computed_tokens == self.recompute_at == seq.num_tokens - 1:
                 self._preempt(seq, out)  # its next token crosses the switch: all of it again
                 continue
@@ -132,6 +157,8 @@ class Scheduler:
     def _reserve(self, seq: Sequence, budget: int, out: SchedulerOutput) -> int:
         """Allocate this step's chunk of a running ``seq``, preempting less urgent
         requests (or ``seq`` itself, when it is the least urgent) until it fits."""
+        if seq.num_uncomputed_tokens == 1 and self._has_room_for_one(seq):
+            return 1  # a decode within its last block: nothing to allocate
         num_tokens = self._chunk_size(seq, budget)
         while self.kv_cache.allocate(seq, num_tokens) is None:
             num_fitting = self._num_fitting_tokens(seq)
@@ -145,6 +172,12 @@ class Scheduler:
                 return 0
         return num_tokens
 
+    def _has_room_for_one(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s blocks (and state slot) already hold its next token."""
+        if self.kv_cache.state_slots is not None and seq.state_slot is None:
+            return False
+        return seq.num_computed_tokens < len(seq.block_table) * self.kv_cache.block_size
+
     def has_row_for(self, seq: Sequence) -> bool:
         """Whether the batch has a row ``seq`` may take. Requests resumed mid-answer
         after their worker died may also take the ``max_num_resumed_seqs`` rows kept
@@ -154,6 +187,8 @@ class Scheduler:
         return seq.request.resumed or self._has_row_for_new_work()
 
     def _has_row_for_new_work(self) -> bool:
+        if len(self.running) < self.max_num_seqs:
+            return True
         return sum(not s.request.resumed for s in self.running) < self.max_num_seqs
 
     def _next_admissible(self) -> Sequence | None:
@@ -166,7 +201,12 @@ class Scheduler:
         new_work = self._has_row_for_new_work()
         in_use: set[LoraRef] | None = None
         held_back = False
-        for seq in self.waiting:
+        # With no row for new work, only resumed requests can join, and only requests
+        # with adapters can hold them back: the others need not be looked at.
+        candidates = self.waiting if new_work else self._resumed_or_adapted()
+        for seq in candidates:
+            if seq.num_pending_tokens:
+                continue  # preempted while its last token was in flight
             lora = seq.request.lora
             if lora is not None:
                 in_use = self._adapters_in_use() if in_use is None else in_use
@@ -176,6 +216,11 @@ class Scheduler:
             if new_work or seq.request.resumed:
                 return seq
         return None
+
+    def _resumed_or_adapted(self) -> list[Sequence]:
+        if not self._num_resumed_or_adapted_waiting:
+            return []  # the usual case: no need to scan a waiting line thousands long
+        return [s for s in self.waiting if _resumed_or_adapted(s)]
 
     def _adapters_in_use(self) -> set[LoraRef]:
         return {s.request.lora for s in self.running if s.request.lora is not None}
@@ -198,8 +243,7 @@ class Scheduler:
             cached = self.kv_cache.cached_prefix(seq)
             if not self._fits_whole(seq, cached):
                 return
-            self.waiting.remove(seq)
-            self._waiting_since.pop(seq.seq_no, None)
+            self._leave_waiting(seq)
             budget -= self._admit(seq, cached, budget, out)
 
     def _admit(self, seq: Sequence, cached: list[int], budget: int, out: SchedulerOutput) -> int:
@@ -229,7 +273,7 @@ class Scheduler:
         self.kv_cache.free(seq)
         seq.num_computed_tokens = 0
         self._make_waiting(seq)
-        self.waiting.sort()
+        self.waiting.sort(key=_ORDER)
         out.preempted.append(seq)
         self.num_preemptions += 1
 
@@ -237,6 +281,12 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
         self._waiting_since[seq.seq_no] = self.clock()
+        self._num_resumed_or_adapted_waiting += _resumed_or_adapted(seq)
+
+    def _leave_waiting(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        self._waiting_since.pop(seq.seq_no, None)
+        self._num_resumed_or_adapted_waiting -= _resumed_or_adapted(seq)
 
     def _fits_whole(self, seq: Sequence, cached: list[int]) -> bool:
         """Room for all of a waiting request's tokens past its ``cached`` prefix and
@@ -266,4 +316,10 @@ class Scheduler:
         for seq in self.waiting:
             waited_s = now - self._waiting_since.get(seq.seq_no, now)
             earned = int(waited_s / self.aging_interval_s)
-            seq.boost = max(seq.boost, min(earned, MAX_PRIORITY - seq.request.priority))
+            boost = max(seq.boost, min(earned, MAX_PRIORITY - seq.request.priority))
+            if boost != seq.boost:
+                seq.raise_boost(boost)
+
+
+def _resumed_or_adapted(seq: Sequence) -> bool:
+    return seq.request.resumed or seq.request.lora is not None

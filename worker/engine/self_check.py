@@ -91,6 +91,9 @@ def _engine_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tenso
     first_blocks = -(-(len(prompts[0]) + 1) // size)
     first.block_table = list(range(first_blocks))
     second.block_table = list(range(first_blocks, first_blocks + -(-(len(prompts[1]) + 1) // size)))
+    if runner.state_cache is not None:
+        # Slot 1 may be the scratch slot (a budget of one slot): nothing else runs now.
+        first.state_slot, second.state_slot = 0, 1
     num_first, num_second = len(prompts[0]), len(prompts[1])
     half = num_second // 2
     step1 = runner.logits(
@@ -163,7 +166,8 @@ def _check_specs(runner: ModelRunner, name: str, recorder: _Recorder) -> None:
         )
     if not isinstance(runner.forward_fn, DecoderModel):
         return  # transformers' own forward passes its options on as they come
-    for layer, spec in enumerate(runner.forward_fn.specs):
+    forward = runner.forward_fn
+    for layer, spec in zip(forward.attention_layers, forward.specs, strict=True):
         mismatch = _mismatch(spec, recorder.calls.get(layer, {}))
         if mismatch:
             raise UnsupportedModel(

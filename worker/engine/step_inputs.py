@@ -1,8 +1,9 @@
 """A step's inputs, built on the host: every scheduled token laid end to end.
 
 One builder for every device and family: the tokens and positions, where each
-token's key and value go in the cache (``slot_mapping``), each row's block table
-and span, which tokens sample and which pool. Each device's attention backend turns
+token's key and value go in the cache (``slot_mapping``), each row's block table,
+state slot (hybrid models, ``worker.engine.models.state``) and span, which tokens
+sample and which pool. Each device's attention backend turns
 it into its own tensors (``worker.engine.cpu_attention``, ``worker.engine.attention``);
 nothing here touches the device, so the host can build step N+1 while step N runs.
 """
@@ -30,6 +31,7 @@ class StepInputs:
     slot_mapping: list[int] = field(default_factory=list)
     token_row: list[int] = field(default_factory=list)
     tables: list[list[int]] = field(default_factory=list)
+    state_slots: list[int | None] = field(default_factory=list)
     row_starts: list[int] = field(default_factory=list)  # each row's first token in the step
     row_start_pos: list[int] = field(default_factory=list)
     row_num_tokens: list[int] = field(default_factory=list)
@@ -39,14 +41,25 @@ class StepInputs:
     pool_lengths: list[int] = field(default_factory=list)
     # Each token's rope length, for rope kinds that change with it (models.rotary).
     rope_lens: list[int] | None = None
+    # Tokens still on the device (``PENDING`` in ``token_ids``): where each sits in the
+    # step, and its row in the previous step's sampled ids (``worker.engine.overlap``).
+    pending_index: list[int] = field(default_factory=list)
+    pending_rows: list[int] = field(default_factory=list)
 
     @classmethod
     def build(
         cls, scheduled: list[ScheduledSeq], block_size: int, rope_lens: RopeLens = None
     ) -> StepInputs:
         inputs = cls(rope_lens=None if rope_lens is None else [])
+        decodes: list[ScheduledSeq] = []  # a run of one-token rows, added together
         for item in scheduled:
+            if item.num_tokens == 1 and rope_lens is None and not item.pool:
+                decodes.append(item)
+                continue
+            inputs._add_decodes(decodes, block_size)
+            decodes = []
             inputs.add(item, block_size, rope_lens)
+        inputs._add_decodes(decodes, block_size)
         return inputs
 
     def add(self, item: ScheduledSeq, size: int, rope_lens: RopeLens = None) -> None:
@@ -58,7 +71,8 @@ class StepInputs:
         self.positions.extend(positions)
         self.slot_mapping.extend(table[pos // size] * size + pos % size for pos in positions)
         self.token_row.extend([row] * item.num_tokens)
-        self.tables.append(table)
+        self.tables.append(list(table))  # the sequence's own may change while the step runs
+        self.state_slots.append(item.state_slot)
         self.row_starts.append(start)
         self.row_start_pos.append(item.start_pos)
         self.row_num_tokens.append(item.num_tokens)
@@ -68,11 +82,42 @@ class StepInputs:
             # (or, for whole-sequence rotaries, the sequence's length now).
             least = item.seq.num_tokens if rope_lens == "sequence" else item.seq.num_prompt_tokens
             self.rope_lens.extend(max(least, pos + 1) for pos in positions)
+        if item.seq.num_pending_tokens and item.start_pos + item.num_tokens == item.seq.num_tokens:
+            self.pending_index.append(end - 1)
+            self.pending_rows.append(item.seq.pending_row)
         if item.sample:
             self.sample_index.append(end - 1)
         if item.pool:
             self.pool_index.extend(range(start, end))
             self.pool_lengths.append(item.num_tokens)
+
+    def _add_decodes(self, items: list[ScheduledSeq], size: int) -> None:
+        """``add`` for a run of one-token rows, the most common by far: a column at a
+        time rather than a row at a time, as there can be hundreds a step."""
+        if not items:
+            return
+        start, first_row, num_rows = len(self.token_ids), len(self.tables), len(items)
+        seqs = [item.seq for item in items]
+        positions = [item.start_pos for item in items]
+        tables = [seq.block_table for seq in seqs]
+        self.token_ids += [seq.token_ids[pos] for seq, pos in zip(seqs, positions, strict=True)]
+        self.positions += positions
+        self.slot_mapping += [
+            table[pos // size] * size + pos % size
+            for table, pos in zip(tables, positions, strict=True)
+        ]
+        self.token_row += range(first_row, first_row + num_rows)
+        self.tables += [table.copy() for table in tables]  # the sequences' own may change
+        self.state_slots += [seq.state_slot for seq in seqs]
+        self.row_starts += range(start, start + num_rows)
+        self.row_start_pos += positions
+        self.row_num_tokens += [1] * num_rows
+        self.loras += [seq.request.lora for seq in seqs]
+        for at, (seq, pos) in enumerate(zip(seqs, positions, strict=True)):
+            if seq.num_pending_tokens and pos + 1 == len(seq.token_ids):
+                self.pending_index.append(start + at)
+                self.pending_rows.append(seq.pending_row)
+        self.sample_index += [start + at for at, item in enumerate(items) if item.sample]
 
     @property
     def num_tokens(self) -> int:

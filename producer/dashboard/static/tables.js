@@ -32,8 +32,9 @@ export function renderWorkers(tbody, workers, nowMs, { canAct, onDrain }) {
       textContent: "Drain", onclick: () => onDrain(w) });
     const batch = w.max_num_seqs ? bar(w.occupancy, `${w.running}/${w.max_num_seqs}`) : "–";
     const kvBar = w.kv_cache_usage == null ? "–" : bar(w.kv_cache_usage, percent(w.kv_cache_usage));
-    const hits = w.prefix_cache_hit_rate == null ? "" : `prefix hits ${percent(w.prefix_cache_hit_rate)}`;
-    const kv = el("span", { title: "KV cache in use; share of prompt tokens found in the prefix cache" },
+    const affinity = w.affinity_claims == null ? "" : `, ${w.affinity_claims} claimed warm`;
+    const hits = w.prefix_cache_hit_rate == null ? "" : `prefix hits ${percent(w.prefix_cache_hit_rate)}${affinity}`;
+    const kv = el("span", { title: "KV cache in use; share of prompt tokens found in the prefix cache; requests claimed for a prefix it held warm" },
       kvBar, hits ? el("small", {}, ` ${hits}`) : "");
     return el("tr", { class: w.alive ? "" : "dead", "data-worker": w.id },
       el("td", { class: "mono", title: w.id }, short(w.id)), el("td", {}, w.model || "–"),

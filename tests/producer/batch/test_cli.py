@@ -56,6 +56,7 @@ def test_submit_run_and_read_the_results(url: str, tmp_path: Path) -> None:
     assert (ids, err_file.read_text()) == (["line-0", "line-1", "line-2"], "")
     code, out = invoke("list", "--redis", url)
     assert f"{batch_id}  completed    3/3 done  0 failed" in out
+    connection.close()
 
 
 def test_cancel_from_the_command_line(url: str, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from producer.batch import driver, store
+from producer.batch.collect import _streams as collect_streams
 from producer.batch.collect import collect
 from producer.batch.models import BatchState
 from producer.batch.ops import Batches
@@ -282,3 +283,23 @@ def test_a_logprobs_line_is_rendered_from_its_requests_stream(
     (choice,) = orjson.loads(output)["response"]["body"]["choices"]
     # The scripted engine computes no logprobs; the text comes from the stream's events.
     assert (choice["message"]["content"], choice["logprobs"]) == ("t0t1t2", {"content": []})
+
+
+def test_a_lines_stream_is_read_past_entries_that_do_not_parse(
+    make_batches: Callable[..., Batches],
+    tokenq_worker: Callable[..., WorkerService],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    batches = make_batches()
+    batch_id = batches.submit([{"custom_id": "lp", "body": chat_body(logprobs=True)}])
+    drive(batches, batch_id, tokenq_worker())
+    (output,) = batches.results(batch_id)[0]
+    request_id = orjson.loads(output)["response"]["request_id"]
+    key = batches.ctx.keys.stream(request_id)
+    for bad in (b"not json", b'{"type":"token","index":"x"}', b'{"type":"final"}'):
+        batches.ctx.main.xadd(key, {"e": bad})
+    result = Client(connection=batches.ctx.main).handle(request_id).result(timeout=5)
+    (entries,) = collect_streams(batches.ctx, [result])
+    assert len(entries) == batches.ctx.main.xlen(key) - 3
+    assert entries[-1].type == "final" and "".join(e.text for e in entries) == "t0t1t2"
+    assert sum("skipping unreadable entry" in r.getMessage() for r in caplog.records) == 3

@@ -9,8 +9,8 @@ import pytest
 from producer.batch.bodies import parse_jsonl
 from producer.batch.lines import BatchInputError, BatchLine, LineError
 from producer.batch.output import refused_line, result_line
-from producer.gateway.entries import parse_entry
 from producer.openai.reasoning import ReasoningPlan
+from producer.streams.entries import parse_entry
 from shared.chat import ChatFeatures
 from shared.models import (
     FinishReason,

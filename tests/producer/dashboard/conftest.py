@@ -19,10 +19,12 @@ from fastapi import FastAPI
 from producer.client import Client
 from producer.dashboard.config import DashboardConfig
 from producer.dashboard.routes import create_dashboard_router
-from shared.calls import Claimed, TokenPublish, finish_call, publish_calls
 from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, TokenEvent, dumps
+from shared.ops.claim import Claim, Claimed
+from shared.ops.moves import Fate
+from shared.ops.publish import Finish, Publish, TokenPublish
 from shared.scripts import Scripts
 from shared.settings import Settings
 from tests.conftest import serve
@@ -53,13 +55,17 @@ class World:
         return [h.id for h in handles]
 
     def claim(self, worker_id: str, *ids: str) -> list[Claimed]:
-        flow = claim_flow(self.keys, self.settings, model_tag(MODEL), worker_id, list(ids))
-        return drive(self.scripts, flow)
+        """Claim the queue's heads, which must be ``ids`` (in any order)."""
+        n = len(ids)
+        claim = Claim(model_tag(MODEL), worker_id, self.settings.lease_ms, n, n)
+        claimed = drive(self.scripts, claim_flow(self.keys, self.settings, claim, cluster=True))
+        assert sorted(c.request_id for c in claimed) == sorted(ids), "not the queue's heads"
+        return claimed
 
     def publish(self, claimed: Claimed, text: str, index: int = 0) -> None:
         event = TokenEvent(index=index, token_ids=(index + 1,), text=text)
         publish = TokenPublish(claimed.request_id, claimed.lease_token, dumps(event), index, 1)
-        (call,) = publish_calls(self.keys, [publish], cluster=True)
+        (call,) = Publish([publish]).calls(self.keys, self.settings.result_ttl_s, cluster=True)
         self.scripts.run(call)
 
     def finish(self, claimed: Claimed, reason: FinishReason, state: str = "finished") -> None:
@@ -67,10 +73,8 @@ class World:
             FinalEvent(finish_reason=reason, error="boom" if state != "finished" else None)
         )
         output = b'{"text": "", "token_ids": []}'
-        call = finish_call(
-            self.keys, self.settings, claimed.request_id, claimed.lease_token, final, output, state
-        )
-        drive(self.scripts, finish_flow(self.keys, call))
+        finish = Finish(claimed.request_id, claimed.lease_token, final, output, Fate(state))
+        drive(self.scripts, finish_flow(self.keys, self.settings, finish))
 
     def register_worker(self, worker_id: str, alive: bool = True, **fields: Any) -> None:
         info = {

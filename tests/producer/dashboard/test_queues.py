@@ -5,6 +5,7 @@ import time
 from producer.dashboard.queues import known_models, queue_stats
 from shared.flows import drive, fence_flow
 from shared.keys import model_tag
+from shared.ops.moves import FenceMode
 from tests.producer.dashboard.conftest import MODEL, World
 
 
@@ -54,7 +55,7 @@ async def test_a_requeued_request_counts_as_the_oldest(world: World) -> None:
     world.submit(1)
     [claimed] = world.claim("w1", first)
     held = {first: claimed.lease_token}
-    flow = fence_flow(world.keys, world.settings, model_tag(MODEL), held, "release")
+    flow = fence_flow(world.keys, world.settings, model_tag(MODEL), held, FenceMode.RELEASE)
     drive(world.scripts, flow)
     stats = await _stats(world)
     [normal] = stats["priorities"]  # type: ignore[misc]

@@ -17,10 +17,9 @@ async def _ids(world: World, kind: str) -> list[str]:
 
 
 async def test_lists_by_kind(world: World) -> None:
-    running, done, failed, dead, low, high = (
-        world.submit(4) + world.submit(1, "low") + world.submit(1, "high")
-    )
+    running, done, failed, dead = world.submit(4)
     claims = {c.request_id: c for c in world.claim("w1", running, done, failed, dead)}
+    low, high = world.submit(1, "low") + world.submit(1, "high")
     for rid, state in ((done, "finished"), (failed, "failed"), (dead, "dead")):
         time.sleep(0.005)  # distinct end times: the lists order by them
         world.finish(claims[rid], FinishReason.STOP if rid == done else FinishReason.ERROR, state)

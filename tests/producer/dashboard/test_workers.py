@@ -13,14 +13,19 @@ async def _rows(world: World, window_s: float = 3600) -> list[dict[str, object]]
 
 async def test_live_worker_figures(world: World) -> None:
     world.register_worker(
-        "w-live", running=6, max_num_seqs=8, kv_cache_usage=0.5, prefix_cache_hit_rate=0.8
+        "w-live",
+        running=6,
+        max_num_seqs=8,
+        kv_cache_usage=0.5,
+        prefix_cache_hit_rate=0.8,
+        affinity_claims=17,
     )
     [row] = await _rows(world)
     assert row["alive"] is True
     assert row["occupancy"] == 0.75
     assert (row["model"], row["device"], row["version"]) == ("m", "cpu", "0.1.0")
     assert (row["running"], row["kv_cache_usage"], row["tokens_per_s"]) == (6, 0.5, 12.5)
-    assert row["prefix_cache_hit_rate"] == 0.8
+    assert (row["prefix_cache_hit_rate"], row["affinity_claims"]) == (0.8, 17)
     assert float(row["heartbeat_age_s"]) < 5  # type: ignore[arg-type]
 
 

@@ -8,13 +8,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shared.calls import Claimed, TokenPublish, finish_call, publish_calls, slot_of
 from shared.chat import REGISTRY_FIELD as CHAT_FIELD
 from shared.chat import ChatFeatures
 from shared.connection import close, connect, is_cluster
 from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
 from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent, Usage, dumps
+from shared.ops.claim import Claim, Claimed
+from shared.ops.moves import Fate
+from shared.ops.publish import Finish, Publish, PublishCode, TokenPublish, slot_of
 from shared.registry import mark_served
 from shared.scripts import Scripts
 from shared.settings import Settings
@@ -87,6 +89,8 @@ class ScriptedWorker:
         pipe.execute()
 
     def start(self) -> ScriptedWorker:
+        """Start serving (again, after ``stop``)."""
+        self._stop.clear()
         self.register()
         self._thread = threading.Thread(target=self._loop, name="scripted-worker", daemon=True)
         self._thread.start()
@@ -116,17 +120,18 @@ class ScriptedWorker:
             limit = run.request.sampling.max_tokens
             self._finish(run, FinishReason.LENGTH if run.num_sent == limit else FinishReason.STOP)
         runs = list(self.running.values())
-        if self.cluster:  # one publish call per slot (see publish_calls)
+        if self.cluster:  # one publish call per slot (see shared.ops.publish)
             runs.sort(key=lambda r: slot_of(r.claimed.request_id))
         if not runs:
             return
         sizes = [min(self.tokens_per_entry, self._limit(r) - r.num_sent) for r in runs]
         events = [self._event(r, n) for r, n in zip(runs, sizes, strict=True)]
-        calls = publish_calls(self.keys, events, self.cluster)
-        codes = [code for reply in self.scripts.send(calls) for code in reply]
-        for run, n, code in zip(runs, sizes, codes, strict=True):
+        publish = Publish(events)
+        calls = publish.calls(self.keys, self.settings.result_ttl_s, self.cluster)
+        written = publish.parse(self.scripts.send(calls))
+        for run, n, w in zip(runs, sizes, written, strict=True):
             run.num_sent += n
-            if int(code) == 2:
+            if w.code is PublishCode.CANCEL_REQUESTED:
                 self._finish(run, FinishReason.CANCELLED)
 
     def _limit(self, run: _Running) -> int:
@@ -137,11 +142,10 @@ class ScriptedWorker:
 
     def _claim(self) -> None:
         room = self.max_num_seqs - len(self.running)
-        queued: list[bytes] = self.redis.zrange(self.keys.queue(self.tag), 0, room - 1)  # type: ignore[assignment]
-        ids = [i.decode() for i in queued]
-        if room <= 0 or not ids:
+        if room <= 0:
             return
-        flow = claim_flow(self.keys, self.settings, self.tag, self.worker_id, ids)
+        claim = Claim(self.tag, self.worker_id, self.settings.lease_ms, room, room)
+        flow = claim_flow(self.keys, self.settings, claim, self.cluster)
         for c in drive(self.scripts, flow):
             request = GenerationRequest.model_validate_json(c.payload)
             self.running[c.request_id] = _Running(c, request, c.num_generated)
@@ -168,11 +172,9 @@ class ScriptedWorker:
         usage = Usage(prompt_tokens=3, completion_tokens=n)
         final = dumps(FinalEvent(finish_reason=reason, usage=usage))
         output = dumps_output("".join(self._text(i) for i in range(n)), list(range(n)))
-        state = "cancelled" if reason is FinishReason.CANCELLED else "finished"
-        call = finish_call(
-            self.keys, self.settings, c.request_id, c.lease_token, final, output, state
-        )
-        drive(self.scripts, finish_flow(self.keys, call))
+        state = Fate.CANCELLED if reason is FinishReason.CANCELLED else Fate.FINISHED
+        finish = Finish(c.request_id, c.lease_token, final, output, state)
+        drive(self.scripts, finish_flow(self.keys, self.settings, finish))
         del self.running[c.request_id]
 
 

@@ -7,14 +7,19 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import orjson
 import pytest
+import redis
 import redis.asyncio
 
-from producer.gateway.entries import Entry
+from producer.embedded import EmbeddedRedis
 from producer.gateway.hub import StreamHub, gateway_hub, parse_cursor, parse_gateway_entry
 from producer.streams.aio import AsyncHub
 from producer.streams.aio_sources import AsyncBlockingSource, own_reader
+from producer.streams.entries import Entry
+from producer.streams.starts import lifecycle_starts
 from shared.connection import connect_async
+from shared.keys import Keys, new_request_id
 from shared.models import FinalEvent, FinishReason, TokenEvent, dumps
 
 BACKENDS = ["redis-server", "redis-cluster"]
@@ -131,3 +136,31 @@ async def test_an_unreadable_last_entry_is_read_once(
     await _add(rig, "s:tail", _token(2))
     assert [e.token() for e in await pending] == [_token(2)]
     await stream.aclose()
+
+
+async def test_a_stream_named_only_once_its_request_starts_gets_its_first_token_at_once(
+    redis_server: EmbeddedRedis, real_redis: redis.Redis
+) -> None:
+    """A gateway's hub leaves the streams of requests not started yet out of its reads
+    (but for one look when followed, and a sweep, here once a minute); the lifecycle
+    channel's 'started' event brings one in at once, cutting a blocked read short."""
+    connection = connect_async(redis_server.url)
+    source = AsyncBlockingSource(own_reader(connection, raw=True), connection, block_ms=200)
+    starts = lifecycle_starts(connection, Keys())
+    hub = AsyncHub(source, parse_gateway_entry, idle_s=5.0, starts=starts, sweep_s=60.0)
+    hub.start()
+    request_id = new_request_id("m")
+    key = Keys().stream(request_id)
+    try:
+        pending = asyncio.ensure_future(_take(hub.subscribe(key), 1))
+        await asyncio.sleep(0.5)  # looked at once, found empty: dormant now
+        await connection.xadd(key, {"e": dumps(_token(0))})
+        await asyncio.sleep(0.5)
+        assert not pending.done()  # not named: the entry waits for the start (or a sweep)
+        started = orjson.dumps({"event": "started", "id": request_id})
+        await connection.publish(Keys().lifecycle_channel(), started)
+        async with asyncio.timeout(0.5):
+            assert [e.token() for e in await pending] == [_token(0)]
+    finally:
+        await hub.stop()
+        await connection.aclose()

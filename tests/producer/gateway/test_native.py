@@ -153,3 +153,35 @@ def _wait(done: object, timeout_s: float = 5.0) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("condition not met in time")
+
+
+def _timed_events(http: httpx.Client, request_id: str, cursor: str) -> tuple[list[Message], float]:
+    started = time.monotonic()
+    events = _events(http, request_id, headers={"Last-Event-ID": cursor})
+    return events, time.monotonic() - started
+
+
+def test_resuming_at_or_past_the_final_event_returns_it_at_once(gateway: RunningGateway) -> None:
+    with gateway.client() as http:
+        request_id = str(_submit(http, sampling={"max_tokens": 3})["id"])
+        final = _events(http, request_id)[-1]
+        at_final, at_s = _timed_events(http, request_id, final.id or "")
+        past, past_s = _timed_events(http, request_id, "99999999999999-0")
+    assert final.event == "final"
+    for events in (at_final, past):
+        assert [(m.event, m.id, m.data) for m in events] == [("final", final.id, final.data)]
+    assert max(at_s, past_s) < 2.0  # not keep-alives until the request expires
+
+
+def test_a_cursor_ahead_of_the_stream_still_gets_what_comes_next(gateway: RunningGateway) -> None:
+    gateway.worker.stop()
+    with gateway.client() as http:
+        request_id = str(_submit(http, sampling={"max_tokens": 3})["id"])
+        url, ahead = f"/v1/requests/{request_id}/events", {"Last-Event-ID": "99999999999999-0"}
+        with http.stream("GET", url, headers=ahead) as r:
+            # Started once the gateway answers, so no token is in the stream when it
+            # looks for where to read from (else it reads on after that token).
+            gateway.worker.start()
+            events = list(messages(r))
+    assert [m.event for m in events] == ["token"] * 3 + ["final"]
+    assert _text(events) == expected_text(3)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import orjson
 
-from producer.gateway.entries import Entry, parse_entry
 from producer.openai.output import Renderer, chat_completion, failure, stream_end
 from producer.openai.output import completion as whole_completion
 from producer.openai.responses import ChatCompletionChunk, Completion
 from producer.openai.tools import plan_tools
+from producer.streams.entries import Entry, parse_entry
 from shared.models import FinalEvent, FinishReason, TokenEvent, Usage, dumps
 
 FINAL = FinalEvent(
@@ -137,3 +137,16 @@ def test_logprobs_of_tokens_with_no_text_still_come_in_the_stream() -> None:
     chunks = [ChatCompletionChunk.model_validate_json(p) for p in _payloads(frames)]
     sent = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
     assert len(sent) == 1 and sent[0].content is not None and len(sent[0].content) == 1
+
+
+def test_a_refusal_in_a_stream_is_an_invalid_request_error_naming_the_field() -> None:
+    r = Renderer("chat", "abc", "m")
+    refused = FinalEvent(
+        finish_reason=FinishReason.ERROR,
+        error="cannot run this request: request abc: 9000 prompt tokens and max_tokens 4 "
+        "need 9004 tokens of context, over the 8192 that the model takes",
+    )
+    payloads = _payloads(r.final_chunks(refused) + stream_end([r], [refused]))
+    error = orjson.loads(payloads[1])["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "messages")
+    assert error["code"] == "context_length_exceeded"

@@ -88,3 +88,41 @@ def test_rounds_slow_down_while_nothing_arrives_and_speed_up_when_it_does() -> N
     pacer = Pacer(busy_s=0.01, quiet_s=0.05)
     assert [pacer.after_round(False) for _ in range(4)] == [0.02, 0.04, 0.05, 0.05]
     assert pacer.after_round(True) == 0.01
+
+
+def test_a_stream_followed_before_its_request_starts_is_named_once_then_only_in_sweeps() -> None:
+    followers = Followers(_parse, dormancy=True)
+    _follow(followers, "queued")
+    _follow(followers, "resumed", after="5-0")  # a reader mid-answer: its request runs
+    assert followers.cursors(sweep=False) == {"queued": "0-0", "resumed": "5-0"}  # once
+    assert followers.cursors(sweep=False) == {"resumed": "5-0"}
+    assert followers.cursors(sweep=True) == {"queued": "0-0", "resumed": "5-0"}
+
+
+def test_a_start_wakes_a_dormant_stream_and_one_followed_after_its_start_is_not_dormant() -> None:
+    followers = Followers(_parse, dormancy=True)
+    _follow(followers, "a")
+    followers.cursors(sweep=False)
+    assert followers.started("a") is True  # a read in flight should start over
+    assert followers.started("a") is False
+    assert followers.started("b") is False  # not followed (yet)
+    _follow(followers, "b")
+    assert followers.cursors(sweep=False) == {"a": "0-0", "b": "0-0"}
+    assert followers.cursors(sweep=False) == {"a": "0-0", "b": "0-0"}
+
+
+def test_a_dormant_stream_that_a_sweep_finds_entries_in_stays_named() -> None:
+    followers = Followers(_parse, dormancy=True)
+    sub = _follow(followers, "a")
+    followers.cursors(sweep=False)
+    read_from = followers.cursors(sweep=True)
+    followers.dispatch(_entries("a", "1-0"), read_from)  # its start was never announced
+    assert sub.take() == ["a/1-0"]
+    assert followers.cursors(sweep=False) == {"a": "1-0"}
+
+
+def test_without_dormancy_every_stream_is_named_in_every_read() -> None:
+    followers = Followers(_parse)
+    _follow(followers, "a")
+    followers.cursors(sweep=False)
+    assert followers.cursors(sweep=False) == {"a": "0-0"}

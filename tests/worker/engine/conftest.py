@@ -4,6 +4,7 @@ and greedy references from transformers' own ``generate``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from tests.worker.engine.factories import load_workload
 from tests.worker.engine.reference import Reference, greedy_references
+from tests.worker.engine.tiny_models import TinySpec, save_tiny
 from worker.engine import Engine, EngineConfig
 
 
@@ -40,6 +42,23 @@ def make_engine(model_path: str) -> EngineFactory:
         return engine
 
     return make
+
+
+TinyModels = Callable[[TinySpec], Path]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Each tiny spec's model (``tiny_models``), saved once per session."""
+    out = tmp_path_factory.mktemp("tiny-models")
+    saved: dict[str, Path] = {}
+
+    def get(spec: TinySpec) -> Path:
+        if spec.name not in saved:
+            saved[spec.name] = save_tiny(spec, out, model_path)
+        return saved[spec.name]
+
+    return get
 
 
 @pytest.fixture

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
-from worker.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from worker.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher, TokenTexts
 
 TEXTS = [
     "Party time 🎉🎉 with family 👨‍👩‍👧‍👦 and 🇯🇵 flags!",
@@ -31,6 +32,19 @@ def test_several_tokens_at_once(tokenizer: Any) -> None:
     detokenizer = IncrementalDetokenizer(tokenizer, [])
     deltas = [detokenizer.add(ids[i : i + 3]) for i in range(0, len(ids), 3)]
     assert "".join(deltas) == tokenizer.decode(ids)
+
+
+def test_joined_token_texts_equal_the_decoders_text(tokenizer: Any) -> None:
+    texts = TokenTexts.of(tokenizer)
+    assert texts.concatenative  # the default model's decoder is byte-level
+    rng = random.Random(0)
+    vocab = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    specials = tokenizer.all_special_ids
+    windows = [[rng.randrange(vocab) for _ in range(rng.randint(1, 4))] for _ in range(3000)]
+    windows += [[rng.choice(specials), rng.randrange(vocab)] for _ in range(100)]
+    windows += [tokenizer.encode(text)[i : i + 2] for text in TEXTS for i in range(8)]
+    for window in windows:
+        assert texts.decode(window) == tokenizer.decode(window, skip_special_tokens=True)
 
 
 def test_special_tokens_give_no_text(tokenizer: Any) -> None:

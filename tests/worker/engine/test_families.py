@@ -5,22 +5,22 @@ prefilled in chunks beside decodes, or from the prefix cache."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shared.models import SamplingParams
+from tests.worker.engine.conftest import TinyModels
 from tests.worker.engine.tiny_models import (
     SPECS,
     Greedy,
     TinySpec,
     feature_off,
     greedy,
+    greedy_dropping_state,
     load_reference_model,
     prompts,
-    save_tiny,
     without_sinks,
 )
 from worker.engine import Engine, EngineConfig, EngineRequest
@@ -30,21 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 MAX_TOKENS = 10
 LOGPROB_TOLERANCE = 1e-4
-TinyModels = Callable[[TinySpec], Path]
-
-
-@pytest.fixture(scope="session")
-def tiny_models(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    """Each spec's model, saved once per session."""
-    out = tmp_path_factory.mktemp("tiny-models")
-    saved: dict[str, Path] = {}
-
-    def get(spec: TinySpec) -> Path:
-        if spec.name not in saved:
-            saved[spec.name] = save_tiny(spec, out, model_path)
-        return saved[spec.name]
-
-    return get
 
 
 def references(path: Path, **config_changes: Any) -> list[Greedy]:
@@ -52,9 +37,10 @@ def references(path: Path, **config_changes: Any) -> list[Greedy]:
     return [greedy(model, prompt, MAX_TOKENS) for prompt in prompts()]
 
 
-def run(engine: Engine) -> list[Greedy]:
+def run(engine: Engine, num_prompts: int = 4) -> list[Greedy]:
+    """Greedy tokens and their logprobs of the first ``num_prompts`` prompts, batched."""
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=0)
-    requests = [EngineRequest(f"p{i}", p, sampling) for i, p in enumerate(prompts())]
+    requests = [EngineRequest(f"p{i}", p, sampling) for i, p in enumerate(prompts(num_prompts))]
     results = engine.generate(requests)
     runs = []
     for request in requests:
@@ -77,11 +63,15 @@ def assert_matches(
 def assert_features_matter(spec: TinySpec, path: Path, expected: list[Greedy]) -> None:
     """Each feature the spec names changes the reference's tokens (or, for the final
     soft-cap, which keeps the greedy order, their logprobs far beyond the tolerance):
-    the comparison cannot pass with the engine ignoring it."""
+    the comparison cannot pass with the engine ignoring it. A hybrid's "state": its
+    state layers' state dropped before each decode step."""
     for feature in spec.features:
         if feature == "sinks":
             model = without_sinks(load_reference_model(path))
             off = [greedy(model, prompt, MAX_TOKENS) for prompt in prompts()]
+        elif feature == "state":
+            model = load_reference_model(path)
+            off = [Greedy(greedy_dropping_state(model, p, MAX_TOKENS), []) for p in prompts()]
         else:
             off = references(path, **feature_off(spec, feature))
         changed = [_differ(a, b, feature) for a, b in zip(off, expected, strict=True)]

@@ -36,7 +36,9 @@ class ScriptedGrammars(Grammars):
         return GrammarState(compiled)
 
     def finish(self, source: object, result: Any = "compiled") -> None:
-        self.futures[str(source)].set_result(result)
+        future = self.futures[str(source)]
+        if not future.cancelled():  # given up: no request waited for it any more
+            future.set_result(result)
 
 
 def guided(request_id: str, **kwargs: Any) -> EngineRequest:

@@ -36,9 +36,17 @@ def refusal(path: Path | str, **config: Any) -> str:
     ("model_type", "fields", "reason"),
     [
         ("deepseek_v3", {}, "multi-head latent attention (MLA)"),
-        ("qwen3_5_text", {}, "recurrent or convolution state (linear_attention)"),
-        ("qwen3_next", {}, "recurrent or convolution state (linear_attention)"),
-        ("lfm2", {}, "recurrent or convolution state (lfm2)"),
+        # Hybrids without a description: their state layers are refused by name.
+        ("nemotron_h", {}, "recurrent or convolution state (linear_attention, mlp, moe)"),
+        ("jamba", {}, "recurrent or convolution state (linear_attention)"),
+        ("lfm2_moe", {}, "recurrent or convolution state (lfm2_moe)"),
+        # A described hybrid with layers its description does not know, or no attention.
+        (
+            "qwen3_5_text",
+            {"layer_types": ["linear_attention", "sliding_attention"], "num_hidden_layers": 2},
+            "layers of type sliding_attention are not supported",
+        ),
+        ("granitemoehybrid", {}, "state layers only, with no attention layer"),
         ("llama4_text", {}, "chunked attention"),
         ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional attention"),
     ],

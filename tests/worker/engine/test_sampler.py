@@ -132,3 +132,25 @@ def test_logprobs_are_the_models_own_with_the_top_ones() -> None:
     assert math.isclose(entry["logprob"], float(expected[0]), rel_tol=1e-5)
     assert [t["token_id"] for t in entry["top"]] == [VOCAB - 1, VOCAB - 2]
     assert math.isclose(entry["top"][0]["logprob"], float(expected[-1]), rel_tol=1e-5)
+
+
+class OnlyToken:
+    """A grammar that allows one token (or fails, given none)."""
+
+    def __init__(self, token_id: int | None) -> None:
+        self.token_id = token_id
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        if self.token_id is None:
+            raise RuntimeError("matcher is broken")
+        bitmask[index] = 0
+        bitmask[index, self.token_id // 32] = 1 << (self.token_id % 32)
+
+
+def test_a_grammar_that_fails_fails_its_row_alone() -> None:
+    rows = [row(), row(), row()]
+    rows[0].grammar, rows[1].grammar = OnlyToken(5), OnlyToken(None)
+    errors: dict[int, str] = {}
+    ids, _ = Sampler(torch.device("cpu"))(ramp().repeat(3, 1), rows, errors)
+    assert ids[0] == 5 and ids[2] == VOCAB - 1  # the other rows as they would be
+    assert list(errors) == [1] and "matcher is broken" in errors[1]

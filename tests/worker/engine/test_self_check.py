@@ -22,6 +22,7 @@ from tests.worker.engine.tiny_models import (
 from worker.engine import Engine, EngineConfig, models
 from worker.engine.errors import UnsupportedModel
 from worker.engine.generic_forward import GenericForward
+from worker.engine.models import state
 from worker.engine.models.decoder import DecoderModel
 from worker.engine.models.family import QKNorm, no_windows
 
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 def saved(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("self-check")
     starcoder = TinySpec("starcoder2", "starcoder2", {"sliding_window": 12})
-    specs = [SPECS_BY_NAME["qwen3"], SPECS_BY_NAME["mistral"], starcoder]
+    specs = [SPECS_BY_NAME["qwen3"], SPECS_BY_NAME["mistral"], SPECS_BY_NAME["lfm2"], starcoder]
     return {spec.name: save_tiny(spec, out, model_path) for spec in specs}
 
 
@@ -69,6 +70,21 @@ def test_a_forward_gone_wrong_fails_the_check(
     assert Engine(
         EngineConfig(model=str(saved["qwen3"]), device="cpu", kv_cache_mib=2)
     ).runner.family
+
+
+def test_a_hybrid_whose_state_is_not_carried_between_steps_fails_the_check(
+    saved: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe's second and third steps read a state the first ones left: dropped,
+    the logits differ (LFM2's short convolutions: its smallest state)."""
+
+    def zeros(pool: list[Any], slots: Any, fresh: Any) -> list[Any]:
+        return [tensor.index_select(0, slots).zero_() for tensor in pool]
+
+    monkeypatch.setattr(state, "gather_states", zeros)
+    monkeypatch.setattr(state, "_chunk_state", lambda tensor, chunk: tensor[:1] * 0)
+    with pytest.raises(UnsupportedModel, match="self-check failed"):
+        Engine(EngineConfig(model=str(saved["lfm2"]), device="cpu", kv_cache_mib=2))
 
 
 def test_a_family_without_description_serves_through_transformers_if_it_passes(

@@ -6,7 +6,9 @@ with weights large enough (``initializer_range`` 0.2, and every norm weight and 
 perturbed) that windows, soft-caps and sinks change the greedy tokens, and saved
 with the default model's tokenizer beside it. A :class:`TinySpec` names the
 features its test must show to matter: the reference with each one switched off
-differs from the reference with it on.
+differs from the reference with it on. Hybrid models (:data:`HYBRID_SPECS`) show
+their recurrent and convolution layers' state to matter the same way: ``generate``
+with that state dropped before every decode step gives other tokens.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class TinySpec:
     name: str
     model_type: str
     overrides: dict[str, Any] = field(default_factory=dict)
-    features: tuple[str, ...] = ()  # "window", "softcap", "final_softcap", "sinks", "rope"
+    # "window", "softcap", "final_softcap", "sinks", "rope", "state"
+    features: tuple[str, ...] = ()
     max_model_len: int | None = None
 
 
@@ -198,7 +201,62 @@ SPECS = (
         ("window", "sinks"),
     ),
 )
-SPECS_BY_NAME = {spec.name: spec for spec in SPECS}
+# Hybrids: state layers on alternate layers; attention wide enough (4 KiB of KV cache a
+# token) that a 1 MiB budget holds a few of the prompts at once, not all of them.
+WIDE_KV = {"num_key_value_heads": 4, "head_dim": 64}
+GATED_DELTANET = {
+    "layer_types": ["linear_attention", "full_attention"] * 2,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    **WIDE_KV,
+}
+MAMBA = {
+    "layer_types": ["mamba", "attention"] * 2,
+    "mamba_n_heads": 4,
+    "mamba_d_state": 16,
+    "mamba_chunk_size": 32,  # a 57-token prompt spans two of the scan's chunks
+    "shared_intermediate_size": 64,
+    "embedding_multiplier": 2.0,
+    "residual_multiplier": 0.5,
+    "attention_multiplier": 0.125,
+    "logits_scaling": 2.0,
+    **WIDE_KV,
+}
+SHARED_EXPERT = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+}
+HYBRID_SPECS = (
+    TinySpec("qwen3_5", "qwen3_5_text", GATED_DELTANET, ("state",)),
+    TinySpec("qwen3_5_moe", "qwen3_5_moe_text", {**GATED_DELTANET, **SHARED_EXPERT}, ("state",)),
+    TinySpec(
+        "qwen3_next",
+        "qwen3_next",
+        {**GATED_DELTANET, **SHARED_EXPERT, "mlp_only_layers": [1], "norm_topk_prob": True},
+        ("state",),
+    ),
+    TinySpec(
+        "lfm2", "lfm2", {"layer_types": ["conv", "full_attention"] * 2, **WIDE_KV}, ("state",)
+    ),
+    # Granite 4.0-H: no rotary, MoE beside the shared MLP; and a dense one with rotary.
+    TinySpec(
+        "granitemoehybrid",
+        "granitemoehybrid",
+        {**MAMBA, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64},
+        ("state",),
+    ),
+    TinySpec(
+        "granitemoehybrid-dense",
+        "granitemoehybrid",
+        {**MAMBA, "num_local_experts": 0, "position_embedding_type": "rope"},
+        ("state",),
+    ),
+)
+SPECS_BY_NAME = {spec.name: spec for spec in (*SPECS, *HYBRID_SPECS)}
 
 
 def make_config(spec: TinySpec, **changes: Any) -> Any:
@@ -279,11 +337,39 @@ def greedy(model: Any, prompt: list[int], max_new_tokens: int) -> Greedy:
     return Greedy(tokens, logprobs)
 
 
+def greedy_dropping_state(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens from a cached forward whose recurrent and convolution states are
+    zeroed before every decode step: what a hybrid gives with its state not kept."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    tokens: list[int] = []
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=ids, cache=cache, use_cache=True).logits
+            tokens.append(int(logits[0, -1].argmax()))
+            ids = torch.tensor([[tokens[-1]]])
+            for layer in cache.layers:
+                for states in (
+                    getattr(layer, "conv_states", {}),
+                    getattr(layer, "recurrent_states", {}),
+                ):
+                    for state in states.values():
+                        if state is not None:
+                            state.zero_()
+    return tokens
+
+
 def _reset_rotary(model: Any) -> None:
     """A fresh start for rope kinds whose frequencies transformers updates as a
     sequence grows (``dynamic``): the reference is ``generate`` on a fresh model."""
     rotary = model.get_decoder().rotary_emb
-    if hasattr(rotary, "original_inv_freq") and isinstance(rotary.rope_type, str):
+    if (
+        rotary is not None
+        and hasattr(rotary, "original_inv_freq")
+        and isinstance(rotary.rope_type, str)
+    ):
         rotary.inv_freq = rotary.original_inv_freq.clone()
         rotary.max_seq_len_cached = rotary.original_max_seq_len
 

@@ -103,6 +103,9 @@ class Moe:
 
     Experts hold ``gate_up_proj`` and ``down_proj`` as ``[experts, out, in]`` or, with
     ``transposed``, ``[experts, in, out]``; biases (``*_bias``) where the module has them.
+    A shared expert (a dense gated MLP every token takes, dotted path from the decoder
+    layer) adds to the experts' output, scaled by ``sigmoid(shared_gate(x))`` where the
+    family has that gate (Qwen3-Next).
     """
 
     router: str = "gate"
@@ -110,6 +113,20 @@ class Moe:
     renormalize: Callable[[Config], bool] = always
     transposed: bool = False
     activation: ExpertActivation = ExpertActivation.GATED
+    shared: str | None = None
+    shared_gate: str | None = None
+
+
+@dataclass(frozen=True)
+class StateLayer:
+    """A hybrid's layers that keep a state per sequence instead of attending: their
+    type in the config's ``layer_types``, the decoder layer's module (``attribute``)
+    on them, and ``build``, which makes the fused mixer from that module and the
+    config (``worker.engine.models.state``)."""
+
+    layer_type: str
+    attribute: str
+    build: Callable[[Any, Config], Any]
 
 
 @dataclass(frozen=True)
@@ -121,8 +138,16 @@ class Family:
     norms: Norms = PRE_NORM
     norm_offset: float = 0.0  # RMSNorm scales by ``offset + weight`` (Gemma: 1)
     qk_norm: QKNorm = QKNorm.NONE
+    qk_norms: tuple[str, str] = ("q_norm", "k_norm")
     qkv: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")
+    attn_out: str = "o_proj"
+    # Queries come with a gate per head (q_proj gives each head's query, then its gate):
+    # the attention output is scaled by ``sigmoid(gate)`` before ``attn_out`` (Qwen3.5).
+    attn_gate: bool = False
+    mlp: str = "mlp"  # the decoder layer's MLP (a sparse one, on MoE layers)
     gate_up: tuple[str, ...] = ("gate_proj", "up_proj")
+    down: str = "down_proj"
+    final_norm: str = "norm"
     windows: Callable[[Config], list[int | None]] = no_windows
     rope_sets: Callable[[Config], list[str | None]] = one_rope
     attn_softcap: str | None = None  # the config attribute, where the family uses one
@@ -135,6 +160,7 @@ class Family:
     # as Phi-3's ``generate`` does; else tokens keep the rotation they were computed with.
     recompute_on_rope_switch: bool = False
     moe: Moe | None = None
+    state: StateLayer | None = None  # a hybrid's recurrent or convolution layers
     unsupported: Callable[[Config], str | None] = nothing_unsupported
 
     def float_option(self, config: Config, name: str | None) -> float | None:

@@ -121,15 +121,24 @@ class QKNormPerHead:
 
 class GatedMLP:
     """``down(act(gate(x)) * up(x))`` with gate and up as one projection, and the
-    LoRA sites ``gate_up`` and ``down``."""
+    LoRA sites ``gate_up`` and ``down``. The activation is the module's own (SiLU for
+    a module that names none, as LFM2's hard-codes it)."""
 
-    def __init__(self, mlp: Any, gate_up: tuple[str, ...]) -> None:
+    def __init__(self, mlp: Any, gate_up: tuple[str, ...], down: str = "down_proj") -> None:
         self.gate_up = fused_projection(mlp, gate_up)
-        self.down = Projection.of(mlp.down_proj)
-        self.act = getattr(mlp, "act_fn", None) or mlp.activation_fn
+        self.down = Projection.of(getattr(mlp, down))
+        self.act = _activation(mlp)
 
     def __call__(self, h: torch.Tensor, lora: LoraBatch | None, index: int) -> torch.Tensor:
         gate_up = apply_lora(lora, index, "gate_up", h, self.gate_up(h))
         gate, up = gate_up.chunk(2, dim=-1)
         h = self.act(gate) * up
         return apply_lora(lora, index, "down", h, self.down(h))
+
+
+def _activation(mlp: Any) -> Any:
+    for name in ("act_fn", "activation_fn", "activation"):
+        act = getattr(mlp, name, None)
+        if callable(act):
+            return act
+    return functional.silu

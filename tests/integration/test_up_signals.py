@@ -1,0 +1,101 @@
+"""`tokenq up` owns its children: SIGTERM or SIGINT to its process alone (what systemd,
+supervisord or `kill` send) stops the worker, the gateway and the embedded redis-server,
+and `tokenq up` exits; no process it started is left (checked by process id)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from producer.embedded import free_port
+from shared.settings import DEFAULT_MODEL
+from tests.integration.test_cli import Output
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+SERVE_TIMEOUT_S = 240.0
+GONE_TIMEOUT_S = 90.0  # the worker's drain (30 s at most) and the rest
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # it ended meanwhile
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until_served(url: str, up: subprocess.Popen[str], output: Output) -> None:
+    deadline = time.monotonic() + SERVE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if up.poll() is not None:
+            pytest.fail("tokenq up exited:\n" + "".join(output.lines))
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as reply:
+                if DEFAULT_MODEL in reply.read().decode():
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    pytest.fail("the worker did not serve in time:\n" + "".join(output.lines))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_up_alone_stops_every_child(
+    tmp_path: Path, default_model_dir: Path, signum: signal.Signals
+) -> None:
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "TOKENQ_MODEL_CACHE_DIR": str(default_model_dir.parent),
+    }
+    env.pop("TOKENQ_REDIS_URL", None)
+    port = free_port()
+    command = [sys.executable, "-m", "producer.cli", "up", "--port", str(port)]
+    # Its own session: a signal can only reach it by its pid, never by a process group.
+    with subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as up:
+        output = Output(up)
+        try:
+            output.wait_until_up()
+            wait_until_served(f"http://127.0.0.1:{port}", up, output)
+            children = descendants(up.pid)
+            assert len(children) >= 3, children  # redis-server, the worker, the gateway
+            os.kill(up.pid, signum)
+            assert up.wait(timeout=GONE_TIMEOUT_S) == 0
+            deadline = time.monotonic() + 10
+            while {p for p in children if alive(p)} and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert {p for p in children if alive(p)} == set(), "".join(output.lines)
+            assert not (tmp_path / ".cache" / "tokenq" / "up.url").exists()
+        finally:
+            if up.poll() is None:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait(timeout=30)
+            output.join(timeout=10)
