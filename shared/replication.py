@@ -8,14 +8,19 @@ barrier reaching a replica means every write before it did. On one Redis (or one
 through Sentinel) the barrier and WAIT end the round trip's own pipeline; on a Redis
 Cluster they go to each primary the flow wrote to, on a connection of their own.
 Redis calls WAIT best effort: it says how many replicas have a write, not that a
-failover will pick one of them, so Sentinel's and the cluster's own settings (a
-replica that fell behind is not promoted) complete the promise.
+failover will pick one of them. Sentinel picks the replica with the largest offset in
+its last INFO of each, which can be seconds old, so with two replicas and WAIT 1 it can
+promote the one that lacked the write. So a round trip waits for every replica its
+primary had online at the last look (ROLE, read with each confirmed write, and first
+where the last look could be from before a failover), and never for fewer than wanted:
+whichever online replica is promoted has the write.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -29,25 +34,62 @@ from shared.settings import Settings
 BARRIER_TTL_MS = 60_000
 
 
-@dataclass(frozen=True)
+@dataclass
 class Replicas:
-    """How many replicas must have a fate-deciding write, and how long to wait for them."""
+    """How many replicas must have a fate-deciding write, and how long to wait for them;
+    and how many each primary had online at the last look (a write waits for them all)."""
 
     wanted: int = 0
     timeout_ms: int = 2_000
+    # primary ("" for the one of a plain connection) -> (replicas online, when read)
+    _online: dict[str, tuple[int, float]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, settings: Settings) -> Replicas:
         return cls(settings.redis_min_replicas, settings.redis_replica_timeout_ms)
 
-    def commands(self, key: str) -> list[tuple[Any, ...]]:
-        """The barrier on ``key``'s slot and the WAIT, to end a pipeline with."""
-        barrier = ("SET", barrier_key(key), 1, "PX", BARRIER_TTL_MS)
-        return [barrier, ("WAIT", self.wanted, self.timeout_ms)]
+    def stale(self, primary: str = "") -> bool:
+        """Whether ``primary``'s replicas are to be looked at (``note`` a ROLE) before
+        the next write: never read, or not since before a failover could have begun."""
+        seen = self._online.get(primary)
+        return seen is None or time.monotonic() - seen[1] > LOOK_VALID_S
 
-    def check(self, acked: Any, what: str) -> None:
-        if int(acked) < self.wanted:
-            raise ReplicationTimeout(what, int(acked), self.wanted, self.timeout_ms)
+    def note(self, role: Any, primary: str = "") -> None:
+        self._online[primary] = (_online_replicas(role), time.monotonic())
+
+    def commands(self, key: str, primary: str = "") -> list[tuple[Any, ...]]:
+        """The barrier on ``key``'s slot, the WAIT for every replica online at the last
+        look (at least ``wanted``) and a ROLE for the next look, to end a pipeline with
+        (``CONFIRM_REPLIES`` replies, read by ``check``)."""
+        barrier = ("SET", barrier_key(key), 1, "PX", BARRIER_TTL_MS)
+        asked = max(self.wanted, self._online.get(primary, (0, 0.0))[0])
+        return [barrier, ("WAIT", asked, self.timeout_ms), ("ROLE",)]
+
+    def check(self, replies: Sequence[Any], what: str, primary: str = "") -> None:
+        """Raise unless enough replicas acknowledged; note how many are online now."""
+        self.note(replies[-1], primary)
+        acked = int(replies[-2])
+        if acked < self.wanted:
+            raise ReplicationTimeout(what, acked, self.wanted, self.timeout_ms)
+
+    def forget(self) -> None:
+        """A primary was unreachable (a failover, maybe): look at its replicas again."""
+        self._online.clear()
+
+
+# A look at a primary's replicas holds this long. Under load every confirmed round trip
+# looks again for free; a failover takes longer than this (Sentinel's down-after and
+# its election), so the first write on a new primary looks first, and does not wait
+# for a replica the old primary had.
+LOOK_VALID_S = 0.5
+CONFIRM_REPLIES = 3  # the replies of ``Replicas.commands``
+
+
+def _online_replicas(role: Any) -> int:
+    """How many replicas a ROLE reply lists (those online: Redis leaves out a replica
+    still syncing); none from a replica."""
+    kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+    return len(role[2]) if kind == "master" and len(role) > 2 else 0
 
 
 NO_REPLICAS = Replicas()
@@ -85,9 +127,11 @@ def confirm_cluster(
         by_node.setdefault(node.name, (node, key))
     for node, key in by_node.values():
         pipe = node.redis_connection.pipeline(transaction=False)
-        for command in replicas.commands(key):
+        if replicas.stale(node.name):
+            replicas.note(node.redis_connection.execute_command("ROLE"), node.name)
+        for command in replicas.commands(key, node.name):
             pipe.execute_command(*command)
-        replicas.check(pipe.execute()[-1], what)
+        replicas.check(pipe.execute(), what, node.name)
 
 
 async def confirm_cluster_async(
@@ -106,9 +150,11 @@ async def confirm_cluster_async(
         client = redis.asyncio.Redis.from_pool(pool)
         try:
             pipe = client.pipeline(transaction=False)
-            for command in replicas.commands(key):
+            if replicas.stale(node.name):
+                replicas.note(await client.execute_command("ROLE"), node.name)  # type: ignore[no-untyped-call]
+            for command in replicas.commands(key, node.name):
                 pipe.execute_command(*command)
-            replicas.check((await pipe.execute())[-1], what)
+            replicas.check(await pipe.execute(), what, node.name)
         finally:
             await client.aclose()
 

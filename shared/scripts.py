@@ -24,6 +24,7 @@ from redis.exceptions import NoScriptError
 from shared.connection import UNREACHABLE, refresh, refresh_async
 from shared.priority import lua_constants
 from shared.replication import (
+    CONFIRM_REPLIES,
     NO_REPLICAS,
     Confirm,
     Replicas,
@@ -124,6 +125,7 @@ class Scripts:
             self._load()
             return self._send(commands, confirm)
         except UNREACHABLE:
+            self.replicas.forget()
             refresh(self._client)  # a cluster's master may have failed over
             raise
 
@@ -133,6 +135,8 @@ class Scripts:
         if not commands and confirm is None:
             return []
         cluster = isinstance(self._client, RedisCluster)
+        if confirm is not None and not cluster and self.replicas.stale():
+            self.replicas.note(self._client.execute_command("ROLE"))  # type: ignore[no-untyped-call]
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             if isinstance(command, ScriptCall):
@@ -148,8 +152,8 @@ class Scripts:
                 cast(RedisCluster, self._client), confirm.keys, self.replicas, confirm.what
             )
         elif confirm is not None:
-            self.replicas.check(replies[-1], confirm.what)
-            replies = replies[:-2]
+            self.replicas.check(replies, confirm.what)
+            replies = replies[:-CONFIRM_REPLIES]
         return replies
 
     def reload(self) -> None:
@@ -202,6 +206,7 @@ class AsyncScripts:
             await self._load()
             return await self._send(commands, confirm)
         except UNREACHABLE:
+            self.replicas.forget()
             await refresh_async(self._client)
             raise
 
@@ -211,6 +216,8 @@ class AsyncScripts:
         if not commands and confirm is None:
             return []
         cluster = isinstance(self._client, AsyncRedisCluster)
+        if confirm is not None and not cluster and self.replicas.stale():
+            self.replicas.note(await self._client.execute_command("ROLE"))
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             if isinstance(command, ScriptCall):
@@ -226,8 +233,8 @@ class AsyncScripts:
             client = cast(AsyncRedisCluster, self._client)
             await confirm_cluster_async(client, confirm.keys, self.replicas, confirm.what)
         elif confirm is not None:
-            self.replicas.check(replies[-1], confirm.what)
-            replies = replies[:-2]
+            self.replicas.check(replies, confirm.what)
+            replies = replies[:-CONFIRM_REPLIES]
         return replies
 
     async def _load(self) -> None:

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +114,17 @@ class LocalSentinel:
         proc = self._procs.pop(port)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
+
+    @contextmanager
+    def paused(self, port: int) -> Iterator[None]:
+        """The redis-server on ``port`` stopped (SIGSTOP: connected, answering nothing)
+        while the block runs."""
+        proc = self._procs[port]
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            proc.send_signal(signal.SIGCONT)
 
     def wait_for_failover(self, old_primary: int, timeout_s: float = 30) -> int:
         """The new primary's port, once every sentinel names it and it says it is one."""

@@ -21,7 +21,8 @@ rm -rf "$out" && mkdir -p "$out/call1" "$out/call2/wheels" "$out/call2/redis"
 # huggingface_hub that our transformers accepts (ours would need httpx2 as well).
 packages=(transformers tokenizers redis hiredis pydantic pydantic_core
   pydantic-settings annotated-types typing-inspection python-dotenv orjson rq croniter gguf
-  fakeredis pytest-asyncio jsonschema jsonschema-specifications referencing rpds-py)
+  fakeredis pytest-asyncio jsonschema jsonschema-specifications referencing rpds-py
+  typing_extensions regex)
 pins=()
 for name in "${packages[@]}"; do
   pins+=("$name==$("$PY" -c "import importlib.metadata as m; print(m.version('$name'))")")

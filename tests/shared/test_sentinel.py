@@ -117,6 +117,23 @@ def test_a_write_waits_for_its_replicas_and_says_when_they_fall_short(
 
 
 @pytest.mark.integration
+def test_a_write_waits_for_every_replica_online_not_only_the_ones_wanted(
+    sentinel: LocalSentinel,
+) -> None:
+    """Sentinel may promote either replica (by offsets in INFO replies that can be
+    seconds old), so a write waits for both, though one is all it requires."""
+    connection = connect(sentinel.url)
+    scripts = Scripts(connection, Replicas(wanted=1, timeout_ms=400))
+    assert scripts.send([("SET", "a", 1)], Confirm(["a"], "a test write")) == [True]
+    with sentinel.paused(sentinel.data_ports[2]):
+        started = time.monotonic()
+        assert scripts.send([("SET", "a", 2)], Confirm(["a"], "a test write")) == [True]
+        waited_s = time.monotonic() - started
+    assert waited_s >= 0.4  # the stopped replica was waited for, to the timeout
+    assert redis.Redis(port=sentinel.data_ports[1]).get("a") == b"2"
+
+
+@pytest.mark.integration
 def test_a_submit_its_replicas_do_not_confirm_fails_and_leaves_nothing_behind(
     sentinel: LocalSentinel,
 ) -> None:
