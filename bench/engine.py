@@ -407,7 +407,9 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}"
     )
     engine_tps = report_engine(engine, items)
-    if not args.skip_priority:
+    if args.skip_priority or not any(it.priority == Priority.CRITICAL for it in items):
+        print("critical TTFT: not measured (skipped, or the workload has no critical request)")
+    else:
         report_priority(engine, items, engine_tps, args.overload)
     if not args.skip_peers:
         model = engine.runner.model

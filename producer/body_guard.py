@@ -19,7 +19,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # The refusal for a request that carries a body, or None to let it in.
 Gate = Callable[[Request], Response | None]
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 class BodyTooLarge(HTTPException):

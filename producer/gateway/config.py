@@ -26,7 +26,6 @@ from typing import Any
 
 import orjson
 
-from producer.body_guard import DEFAULT_MAX_BODY_BYTES
 from shared.errors import InvalidRequest
 from shared.models import check_weight
 from shared.priority import Priority, parse_priority
@@ -34,6 +33,7 @@ from shared.ratelimit import Limits, bucket_of
 from shared.settings import Settings
 
 API_KEYS_ENV = "TOKENQ_API_KEYS"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # TOKENQ_GATEWAY_MAX_BODY_BYTES
 
 
 LIMIT_FIELDS = ("requests_per_min", "tokens_per_min", "max_concurrent")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import redis
 
@@ -93,3 +96,15 @@ def test_stream_and_result_give_up_after_their_timeout(client: Client) -> None:
         list(h.stream(timeout=0.2))
     with pytest.raises(RequestTimeout):
         h.result(timeout=0.2)
+
+
+def test_the_client_loads_without_the_gateway_or_worker_extras() -> None:
+    """`pip install tokenq` (no extra) is enough for the clients: neither the web stack
+    nor torch is loaded by them."""
+    heavy = ("fastapi", "starlette", "uvicorn", "torch", "transformers")
+    code = (
+        "import sys, producer, producer.client, producer.aio; "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
