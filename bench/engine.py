@@ -445,10 +445,10 @@ def parse_args() -> argparse.Namespace:
         help="a forward that waits this long (GIL released): asynchronous vs synchronous",
     )
     parser.add_argument(
-        "--no-async-scheduling",
-        dest="async_scheduling",
-        action="store_false",
-        help="the host waits for each step before scheduling the next",
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule the next step while one runs (default: the device's, on on the CPU)",
     )
     args = parser.parse_args()
     if args.workload is None:

@@ -52,7 +52,7 @@ class WorkerOptions:
     max_model_len: int | None = None
     self_check: bool = True
     trust_remote_code: bool = False
-    async_scheduling: bool = True
+    async_scheduling: bool | None = None  # None: the device's default
     timed_forward_ms: float | None = None
     grammar_compile_threads: int = 4
     grammar_compile_timeout_s: float = 10.0

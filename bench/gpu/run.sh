@@ -8,7 +8,8 @@
 #   bash bench/gpu/run.sh stage      carrying .gpu/call1: stores the model's first part
 #   bash bench/gpu/run.sh [STEP...]  carrying .gpu/call2: installs, converts the model,
 #                                    runs the CUDA tests and every GPU benchmark
-# STEP names a subset of the steps below (default: all of them); together they fit
+# STEP names a subset of the steps below (default: all of them, most wanted first, so
+# that a budget cut short drops the least); together they fit
 # BUDGET_S seconds (default 540: a device call's 10 minutes with set-up).
 # Here, on the CPU, LOCAL=1 DEVICE=cpu REPEAT=1 bash bench/gpu/run.sh STEP... runs the
 # steps' Python with this checkout's virtualenv (no set-up), for a check of the script.
@@ -62,12 +63,12 @@ export PYTHONUNBUFFERED=1
 # TTFT saturated against idle; through Redis against the engine; greedy agreement on
 # mixed32 with top-2 gaps; a Qwen3-shaped model against its own graph ceiling)
 steps=(
-  "cuda-tests|110|$py -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests/worker/engine"
-  "engine|170|$py bench/engine.py --device $dev --repeat $repeat --skip-static"
-  "engine-sync|45|$py bench/engine.py --device $dev --repeat $repeat --skip-priority --skip-peers --no-async-scheduling"
-  "through-redis|110|$py bench/through_redis.py --device $dev --repeat $repeat --max-num-seqs 256"
-  "greedy|45|$py bench/greedy_agreement.py --device $dev"
+  "engine|150|$py bench/engine.py --device $dev --repeat $repeat --skip-static"
+  "through-redis|100|$py bench/through_redis.py --device $dev --repeat $repeat --max-num-seqs 256"
   "families|60|$py bench/families.py --device $dev --families llama,qwen3 --repeat $repeat"
+  "cuda-tests|110|$py -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests/worker/engine"
+  "greedy|75|$py bench/greedy_agreement.py --device $dev"
+  "engine-async|45|$py bench/engine.py --device $dev --repeat $repeat --skip-priority --skip-peers --async-scheduling"
 )
 
 figures=$out/gpu-figures.txt

@@ -357,9 +357,10 @@ class ModelRunner:
         return logits, hidden
 
     def logits(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """The sampling rows' logits for ``scheduled``, as a step would compute them."""
+        """The sampling rows' logits for ``scheduled``, as a step would compute them: a
+        copy, since a replayed graph's output buffer is the next step's too."""
         with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
-            return self.forward(self.prepare(scheduled))[0]
+            return self.forward(self.prepare(scheduled))[0].clone()
 
     def _graph_fits(self, inputs: StepInputs) -> bool:
         assert self.graphs is not None and isinstance(self.forward_fn, DecoderModel)
