@@ -34,15 +34,26 @@ from shared.settings import Settings
 BARRIER_TTL_MS = 60_000
 
 
+@dataclass(frozen=True)
+class Look:
+    """What a primary's ROLE said: how many replicas to wait for, its replication
+    offset, and when it was read."""
+
+    replicas: int
+    offset: int
+    at: float
+
+
 @dataclass
 class Replicas:
     """How many replicas must have a fate-deciding write, and how long to wait for them;
-    and how many each primary had online at the last look (a write waits for them all)."""
+    and how many each primary had keeping up at the last look (a write waits for them
+    all)."""
 
     wanted: int = 0
     timeout_ms: int = 2_000
-    # primary ("" for the one of a plain connection) -> (replicas online, when read)
-    _online: dict[str, tuple[int, float]] = field(default_factory=dict, compare=False, repr=False)
+    # primary ("" for the one of a plain connection) -> its last look
+    _looks: dict[str, Look] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, settings: Settings) -> Replicas:
@@ -51,22 +62,34 @@ class Replicas:
     def stale(self, primary: str = "") -> bool:
         """Whether ``primary``'s replicas are to be looked at (``note`` a ROLE) before
         the next write: never read, or not since before a failover could have begun."""
-        seen = self._online.get(primary)
-        return seen is None or time.monotonic() - seen[1] > LOOK_VALID_S
+        look = self._looks.get(primary)
+        return look is None or time.monotonic() - look.at > LOOK_VALID_S
 
     def note(self, role: Any, primary: str = "") -> None:
-        self._online[primary] = (_online_replicas(role), time.monotonic())
+        """A ROLE reply: the replicas it lists online that have acknowledged everything
+        the primary had at the look before (all of them at a first look) are the ones
+        the next write waits for. So a replica that hangs, still connected, costs a
+        write or two the timeout, not every write until the primary drops it."""
+        kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+        if kind != "master":
+            self._looks[primary] = Look(0, 0, time.monotonic())
+            return
+        before = self._looks.get(primary)
+        floor = 0 if before is None else before.offset
+        keeping_up = sum(int(replica[2]) >= floor for replica in role[2])
+        self._looks[primary] = Look(keeping_up, int(role[1]), time.monotonic())
 
     def commands(self, key: str, primary: str = "") -> list[tuple[Any, ...]]:
-        """The barrier on ``key``'s slot, the WAIT for every replica online at the last
-        look (at least ``wanted``) and a ROLE for the next look, to end a pipeline with
-        (``CONFIRM_REPLIES`` replies, read by ``check``)."""
+        """The barrier on ``key``'s slot, the WAIT for every replica keeping up at the
+        last look (at least ``wanted``) and a ROLE for the next look, to end a pipeline
+        with (``CONFIRM_REPLIES`` replies, read by ``check``)."""
         barrier = ("SET", barrier_key(key), 1, "PX", BARRIER_TTL_MS)
-        asked = max(self.wanted, self._online.get(primary, (0, 0.0))[0])
+        look = self._looks.get(primary)
+        asked = max(self.wanted, 0 if look is None else look.replicas)
         return [barrier, ("WAIT", asked, self.timeout_ms), ("ROLE",)]
 
     def check(self, replies: Sequence[Any], what: str, primary: str = "") -> None:
-        """Raise unless enough replicas acknowledged; note how many are online now."""
+        """Raise unless enough replicas acknowledged; look at the replicas again."""
         self.note(replies[-1], primary)
         acked = int(replies[-2])
         if acked < self.wanted:
@@ -74,7 +97,7 @@ class Replicas:
 
     def forget(self) -> None:
         """A primary was unreachable (a failover, maybe): look at its replicas again."""
-        self._online.clear()
+        self._looks.clear()
 
 
 # A look at a primary's replicas holds this long. Under load every confirmed round trip
@@ -83,13 +106,6 @@ class Replicas:
 # for a replica the old primary had.
 LOOK_VALID_S = 0.5
 CONFIRM_REPLIES = 3  # the replies of ``Replicas.commands``
-
-
-def _online_replicas(role: Any) -> int:
-    """How many replicas a ROLE reply lists (those online: Redis leaves out a replica
-    still syncing); none from a replica."""
-    kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
-    return len(role[2]) if kind == "master" and len(role) > 2 else 0
 
 
 NO_REPLICAS = Replicas()

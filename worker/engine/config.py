@@ -47,12 +47,12 @@ class EngineConfig:
     With ``async_scheduling`` the host schedules step N+1, builds its inputs and
     post-processes step N-1 while step N runs on an executor thread; sampled ids feed
     the next step on the device (``worker.engine.overlap``). Left unset it is on on the
-    CPU and off on CUDA, where it measured slower: on an H200, mixed200 x 10 ran at
-    26,018 tok/s with it and 30,185 without (the step thread's many small launches
-    wait on the GIL the host thread holds; see the README). ``timed_forward_ms`` replaces the
-    model's forward with a wait of that long that does not hold the GIL and returns
-    deterministic token ids, everything else real: a device-like forward on the CPU,
-    for benchmarks and tests of the host's share of a step.
+    CPU and off on CUDA, where it measured slower (the step thread's many small
+    launches wait for the GIL the host thread holds; figures in the README).
+    ``timed_forward_ms`` replaces the model's forward with a wait of that long that
+    does not hold the GIL and returns deterministic token ids, everything else real:
+    a device-like forward on the CPU, for benchmarks and tests of the host's share of
+    a step.
 
     ``max_num_seqs``, ``max_num_batched_tokens`` and ``kv_cache_share`` left at
     ``None`` take the device's defaults: a small CPU box (64 rows, 512 tokens a

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -252,10 +253,11 @@ class ModelRunner:
         return self.run_step(inputs, rows, errors=errors).runner_output(rows)
 
     def launch(self, out: SchedulerOutput, prev: InFlight | None) -> InFlight:
-        """Build the step's inputs here and run it on the executor thread, after the
-        step ``prev`` (whose sampled ids fill this step's pending tokens); returns at
-        once. A row whose history the sampler reads gets a copy of it, since the host
-        goes on changing the sequence's tokens."""
+        """Build the step's inputs here and queue it after the step ``prev`` (whose
+        sampled ids fill this step's pending tokens): on a device that runs it by itself,
+        from this thread; for the CPU's forward, on the executor thread. Returns before
+        the step ends. A row whose history the sampler reads gets a copy of it, since
+        the host goes on changing the sequence's tokens."""
         inputs = self.prepare(out.scheduled)
         sampled = out.sampled
         rows, errors = self._sampling_rows(sampled)
@@ -267,16 +269,33 @@ class ModelRunner:
                 or params.presence_penalty
             ):
                 row.history = list(row.history)
+        before = None if prev is None else prev.future
+        if self.timed_device is not None or self.device.type == "cuda":
+            # The device runs the step by itself once queued (a CUDA stream, the timed
+            # forward's clock), so this thread queues it: an executor thread would only
+            # wait for the GIL this thread's Python holds, at each of its launches.
+            future = _ran(lambda: self._run_after(inputs, rows, errors, before))
+        else:
+            future = self._submit(inputs, rows, errors, before)
+        token_index = [len(item.seq.token_ids) for item in sampled]  # where each's goes
+        return InFlight(out, rows, token_index, future)
+
+    def _submit(
+        self,
+        inputs: StepInputs,
+        rows: list[SamplingRow],
+        errors: dict[int, str],
+        before: Future[StepResult] | None,
+    ) -> Future[StepResult]:
+        """The step on the executor thread, where the CPU's forward computes while this
+        thread goes on."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenq-step")
             # The step thread needs the GIL for a moment as a step ends (its result) and
             # starts (its tensors) while the host thread runs Python: at CPython's default
             # 5 ms switch interval that moment would wait a whole interval, every step.
             sys.setswitchinterval(min(sys.getswitchinterval(), STEP_SWITCH_INTERVAL_S))
-        before = None if prev is None else prev.future
-        future = self._executor.submit(self._run_after, inputs, rows, errors, before)
-        token_index = [len(item.seq.token_ids) for item in sampled]  # where each's goes
-        return InFlight(out, rows, token_index, future)
+        return self._executor.submit(self._run_after, inputs, rows, errors, before)
 
     def _run_after(
         self,
@@ -419,3 +438,13 @@ def _config_windows(model: Any) -> set[int | None]:
     """Window sizes transformers may ask of the fallback's attention."""
     config = model.config.get_text_config()
     return {getattr(config, "sliding_window", None), None}
+
+
+def _ran(call: Callable[[], StepResult]) -> Future[StepResult]:
+    """``call``'s result (or its exception) as a done future."""
+    future: Future[StepResult] = Future()
+    try:
+        future.set_result(call())
+    except Exception as e:  # read by the engine as the step's failure, as a thread's is
+        future.set_exception(e)
+    return future

@@ -1,9 +1,10 @@
 """Asynchronous scheduling: the host never makes the device wait.
 
 While step N runs, the host schedules step N+1, builds its inputs and reads step
-N-1's tokens (detokenize, stop strings, outputs). A step runs on one executor thread
-(on CUDA the thread only queues work on the stream, which is what then runs it), in
-launch order, so step N+1 takes step N's sampled ids straight from the device: its
+N-1's tokens (detokenize, stop strings, outputs). Steps run in launch order, so step
+N+1 takes step N's sampled ids straight from the device: on CUDA (and the timed
+forward) the host thread queues each step on the stream, which then runs it by itself;
+the CPU's forward computes on one executor thread meanwhile. Step N+1's
 ``PENDING`` tokens (``StepInputs.pending_index``) are filled there from them. The
 host reads step N's ids one step later, from a copy that it waits for on its own
 (one device-to-host copy per step, never a synchronisation of the whole device).
