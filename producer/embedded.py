@@ -3,7 +3,9 @@ fakeredis's in-process TCP server (with Lua), so a fresh machine needs nothing."
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -12,6 +14,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -20,6 +23,25 @@ def free_port() -> int:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# prctl(PR_SET_PDEATHSIG, ...): looked up here, so that the child only calls it
+# between fork and exec.
+_PR_SET_PDEATHSIG = 1
+_prctl: Any
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: children outlive a killed parent there
+    _prctl = None
+
+
+def die_with_parent() -> None:
+    """For ``preexec_fn``: the child gets SIGTERM when the thread that started it ends,
+    its process killed by SIGKILL included (Linux). So a `tokenq up` killed outright
+    leaves no Redis, worker or gateway behind; start such children from the main
+    thread."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -48,7 +70,9 @@ class EmbeddedRedis:
         self._dir = tempfile.mkdtemp(prefix="tokenq-redis-")
         args = ["redis-server", *shipped_config_args(), "--port", str(self.port)]
         args += ["--bind", "127.0.0.1", "--dir", self._dir]
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent
+        )
         self.kind = "redis-server"
 
     def _start_fake(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from producer.client import Client
-from producer.embedded import EmbeddedRedis, free_port, up_state_file
+from producer.embedded import EmbeddedRedis, die_with_parent, free_port, up_state_file
 from shared.registry import mark_served
 from shared.settings import Settings
 
@@ -35,7 +35,8 @@ def run_up(model: str, port: int | None, console: Console) -> None:
     """An embedded Redis, a worker on MODEL and (when the gateway extra is installed) a
     gateway with the dashboard; until Ctrl-C, SIGTERM or one of them stops. Each way
     out stops every child (the worker drains) before it returns: a supervisor's SIGTERM
-    to this process alone leaves nothing running."""
+    to this process alone leaves nothing running, and a SIGKILL sends each child a
+    SIGTERM of its own (``die_with_parent``)."""
     _on_stop_signals(_raise_stop)
     procs: list[subprocess.Popen[bytes]] = []
     server: EmbeddedRedis | None = None
@@ -117,7 +118,9 @@ def _gateway(redis_url: str, port: int | None, console: Console) -> list[subproc
 
 def _tokenq(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "producer.cli", *args], env={**os.environ, **(env or {})}
+        [sys.executable, "-m", "producer.cli", *args],
+        env={**os.environ, **(env or {})},
+        preexec_fn=die_with_parent,
     )
 
 

@@ -99,3 +99,39 @@ def test_a_signal_to_up_alone_stops_every_child(
                 os.killpg(up.pid, signal.SIGKILL)
                 up.wait(timeout=30)
             output.join(timeout=10)
+
+
+def test_up_killed_outright_takes_its_children_with_it(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """SIGKILL gives `tokenq up` no chance to stop anything: each child is sent a
+    SIGTERM by the kernel as its parent dies, and stops by itself."""
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "TOKENQ_MODEL_CACHE_DIR": str(default_model_dir.parent),
+    }
+    env.pop("TOKENQ_REDIS_URL", None)
+    port = free_port()
+    command = [sys.executable, "-m", "producer.cli", "up", "--port", str(port)]
+    with subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as up:
+        output = Output(up)
+        children: set[int] = set()
+        try:
+            output.wait_until_up()
+            wait_until_served(f"http://127.0.0.1:{port}", up, output)
+            children = descendants(up.pid)
+            assert len(children) >= 3, children  # redis-server, the worker, the gateway
+            os.kill(up.pid, signal.SIGKILL)
+            assert up.wait(timeout=10) == -signal.SIGKILL
+            deadline = time.monotonic() + GONE_TIMEOUT_S
+            while {p for p in children if alive(p)} and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert {p for p in children if alive(p)} == set()
+        finally:
+            for pid in children:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            output.join(timeout=10)
