@@ -5,11 +5,8 @@ from the worker registry."""
 
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +21,7 @@ from shared.keys import Keys
 from shared.models import Result
 from shared.replies import text
 from shared.settings import DEFAULT_MODEL
+from tests.integration.workers import worker_processes
 
 # Heartbeats often enough that a worker's warm set follows its cache closely; a request
 # passed over for a warm match waits up to a few of its service times on the CPU (the
@@ -60,21 +58,10 @@ def fleet(
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``n`` real worker processes on the default model, killed at the end."""
     switch = {"TOKENQ_PREFIX_AFFINITY": "true" if affinity else "false"}
-    env = {**os.environ, **FLEET_ENV, **switch, **(env or {})}
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", url,
-           "--model", DEFAULT_MODEL, *worker_args]  # fmt: skip
-    procs, logs = [], []
-    try:
-        for i in range(n):
-            logs.append((log_dir / f"worker-{'on' if affinity else 'off'}-{i}.log").open("wb"))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
+    name = f"worker-{'on' if affinity else 'off'}"
+    full_env = {**FLEET_ENV, **switch, **(env or {})}
+    with worker_processes(url, DEFAULT_MODEL, n, full_env, log_dir, name, worker_args) as procs:
         yield procs
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-        for log in logs:
-            log.close()
 
 
 def serving(connection: redis.Redis) -> int:

@@ -5,10 +5,7 @@ they saw, audited."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +23,7 @@ from shared.models import FinalEvent, TokenEvent
 from shared.records import stream_event
 from shared.settings import Settings
 from tests.integration.faults import StreamAudit, audit_stream
+from tests.integration.workers import worker_processes
 
 SIM_MODEL = "sim:step_ms=20,knee=8,max_num_seqs=8"
 # Short leases and beats, so a request whose worker lost it resumes within seconds.
@@ -38,22 +36,8 @@ def sim_workers(
     url: str, n: int, env: dict[str, str], log_dir: Path, model: str = SIM_MODEL
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``n`` simulated worker processes on ``url`` (logs in ``log_dir``), killed at the end."""
-    cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", url, "--model", model]
-    full_env = {**os.environ, **FAILOVER_ENV, **env}
-    procs, logs = [], []
-    try:
-        for i in range(n):
-            logs.append((log_dir / f"worker-{i}.log").open("wb"))
-            procs.append(
-                subprocess.Popen(cmd, env=full_env, stdout=logs[-1], stderr=subprocess.STDOUT)
-            )
+    with worker_processes(url, model, n, {**FAILOVER_ENV, **env}, log_dir) as procs:
         yield procs
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-        for log in logs:
-            log.close()
 
 
 @dataclass

@@ -11,7 +11,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 
@@ -65,47 +68,11 @@ def wait_until_served(url: str, up: subprocess.Popen[str], output: Output) -> No
     pytest.fail("the worker did not serve in time:\n" + "".join(output.lines))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_to_up_alone_stops_every_child(
-    tmp_path: Path, default_model_dir: Path, signum: signal.Signals
-) -> None:
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),
-        "TOKENQ_MODEL_CACHE_DIR": str(default_model_dir.parent),
-    }
-    env.pop("TOKENQ_REDIS_URL", None)
-    port = free_port()
-    command = [sys.executable, "-m", "producer.cli", "up", "--port", str(port)]
-    # Its own session: a signal can only reach it by its pid, never by a process group.
-    with subprocess.Popen(
-        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-    ) as up:
-        output = Output(up)
-        try:
-            output.wait_until_up()
-            wait_until_served(f"http://127.0.0.1:{port}", up, output)
-            children = descendants(up.pid)
-            assert len(children) >= 3, children  # redis-server, the worker, the gateway
-            os.kill(up.pid, signum)
-            assert up.wait(timeout=GONE_TIMEOUT_S) == 0
-            deadline = time.monotonic() + 10
-            while {p for p in children if alive(p)} and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert {p for p in children if alive(p)} == set(), "".join(output.lines)
-            assert not (tmp_path / ".cache" / "tokenq" / "up.url").exists()
-        finally:
-            if up.poll() is None:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait(timeout=30)
-            output.join(timeout=10)
-
-
-def test_up_killed_outright_takes_its_children_with_it(
-    tmp_path: Path, default_model_dir: Path
-) -> None:
-    """SIGKILL gives `tokenq up` no chance to stop anything: each child is sent a
-    SIGTERM by the kernel as its parent dies, and stops by itself."""
+@contextmanager
+def up_serving(tmp_path: Path, default_model_dir: Path) -> Iterator[tuple[Popen[str], Output]]:
+    """`tokenq up` in its own session (a signal reaches it only by its pid, never by a
+    process group), serving the default model; whatever is left of it is killed at the
+    end."""
     env = {
         **os.environ,
         "HOME": str(tmp_path),
@@ -124,14 +91,44 @@ def test_up_killed_outright_takes_its_children_with_it(
             wait_until_served(f"http://127.0.0.1:{port}", up, output)
             children = descendants(up.pid)
             assert len(children) >= 3, children  # redis-server, the worker, the gateway
-            os.kill(up.pid, signal.SIGKILL)
-            assert up.wait(timeout=10) == -signal.SIGKILL
-            deadline = time.monotonic() + GONE_TIMEOUT_S
-            while {p for p in children if alive(p)} and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert {p for p in children if alive(p)} == set()
+            yield up, output
         finally:
+            if up.poll() is None:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait(timeout=30)
             for pid in children:
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
             output.join(timeout=10)
+
+
+def gone_within(children: set[int], timeout_s: float) -> set[int]:
+    """Which of ``children`` are still alive after waiting up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while {p for p in children if alive(p)} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {p for p in children if alive(p)}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_up_alone_stops_every_child(
+    tmp_path: Path, default_model_dir: Path, signum: signal.Signals
+) -> None:
+    with up_serving(tmp_path, default_model_dir) as (up, output):
+        children = descendants(up.pid)
+        os.kill(up.pid, signum)
+        assert up.wait(timeout=GONE_TIMEOUT_S) == 0
+        assert gone_within(children, 10) == set(), "".join(output.lines)
+        assert not (tmp_path / ".cache" / "tokenq" / "up.url").exists()
+
+
+def test_up_killed_outright_takes_its_children_with_it(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """SIGKILL gives `tokenq up` no chance to stop anything: each child is sent a
+    SIGTERM by the kernel as its parent dies, and stops by itself."""
+    with up_serving(tmp_path, default_model_dir) as (up, _):
+        children = descendants(up.pid)
+        os.kill(up.pid, signal.SIGKILL)
+        assert up.wait(timeout=10) == -signal.SIGKILL
+        assert gone_within(children, GONE_TIMEOUT_S) == set()

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -256,46 +257,31 @@ class ModelRunner:
         """Build the step's inputs here and queue it after the step ``prev`` (whose
         sampled ids fill this step's pending tokens): on a device that runs it by itself,
         from this thread; for the CPU's forward, on the executor thread. Returns before
-        the step ends. A row whose history the sampler reads gets a copy of it, since
-        the host goes on changing the sequence's tokens."""
+        the step ends."""
         inputs = self.prepare(out.scheduled)
         sampled = out.sampled
         rows, errors = self._sampling_rows(sampled)
-        for row in rows:
-            params = row.params
-            if (
-                params.repetition_penalty != 1.0
-                or params.frequency_penalty
-                or params.presence_penalty
-            ):
-                row.history = list(row.history)
         before = None if prev is None else prev.future
+        run = partial(self._run_after, inputs, rows, errors, before)
         if self.timed_device is not None or self.device.type == "cuda":
             # The device runs the step by itself once queued (a CUDA stream, the timed
             # forward's clock), so this thread queues it: an executor thread would only
             # wait for the GIL this thread's Python holds, at each of its launches.
-            future = _ran(lambda: self._run_after(inputs, rows, errors, before))
-        else:
-            future = self._submit(inputs, rows, errors, before)
+            future = _ran(run)
+        else:  # the CPU's forward computes on the executor thread while this one goes on
+            _own_histories(rows)
+            future = self._step_thread().submit(run)
         token_index = [len(item.seq.token_ids) for item in sampled]  # where each's goes
         return InFlight(out, rows, token_index, future)
 
-    def _submit(
-        self,
-        inputs: StepInputs,
-        rows: list[SamplingRow],
-        errors: dict[int, str],
-        before: Future[StepResult] | None,
-    ) -> Future[StepResult]:
-        """The step on the executor thread, where the CPU's forward computes while this
-        thread goes on."""
+    def _step_thread(self) -> ThreadPoolExecutor:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenq-step")
             # The step thread needs the GIL for a moment as a step ends (its result) and
             # starts (its tensors) while the host thread runs Python: at CPython's default
             # 5 ms switch interval that moment would wait a whole interval, every step.
             sys.setswitchinterval(min(sys.getswitchinterval(), STEP_SWITCH_INTERVAL_S))
-        return self._executor.submit(self._run_after, inputs, rows, errors, before)
+        return self._executor
 
     def _run_after(
         self,
@@ -438,6 +424,15 @@ def _config_windows(model: Any) -> set[int | None]:
     """Window sizes transformers may ask of the fallback's attention."""
     config = model.config.get_text_config()
     return {getattr(config, "sliding_window", None), None}
+
+
+def _own_histories(rows: list[SamplingRow]) -> None:
+    """A copy of each history the sampler reads, for a step that runs later on another
+    thread: the host goes on changing the sequences' tokens meanwhile."""
+    for row in rows:
+        params = row.params
+        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            row.history = list(row.history)
 
 
 def _ran(call: Callable[[], StepResult]) -> Future[StepResult]:
