@@ -11,9 +11,9 @@ Redis calls WAIT best effort: it says how many replicas have a write, not that a
 failover will pick one of them. Sentinel picks the replica with the largest offset in
 its last INFO of each, which can be seconds old, so with two replicas and WAIT 1 it can
 promote the one that lacked the write. So a round trip waits for every replica its
-primary had online at the last look (ROLE, read with each confirmed write, and first
-where the last look could be from before a failover), and never for fewer than wanted:
-whichever online replica is promoted has the write.
+primary listed online and keeping up at the last look (ROLE, read with each confirmed
+write, and first where the last look could be from before a failover), and never for
+fewer than wanted: whichever of them is promoted has the write.
 """
 
 from __future__ import annotations

@@ -45,10 +45,10 @@ class EngineConfig:
     (``worker.engine.self_check``).
 
     With ``async_scheduling`` the host schedules step N+1, builds its inputs and
-    post-processes step N-1 while step N runs on an executor thread; sampled ids feed
-    the next step on the device (``worker.engine.overlap``). Left unset it is on on the
-    CPU and off on CUDA, where it measured slower (the step thread's many small
-    launches wait for the GIL the host thread holds; figures in the README).
+    post-processes step N-1 while step N runs; sampled ids feed the next step on the
+    device (``worker.engine.overlap``). Left unset it is on on the CPU and off on CUDA,
+    where it measured slower when steps were queued from an executor thread and has
+    not been measured on a GPU since (figures in the README).
     ``timed_forward_ms`` replaces the model's forward with a wait of that long that
     does not hold the GIL and returns deterministic token ids, everything else real:
     a device-like forward on the CPU, for benchmarks and tests of the host's share of
