@@ -8,9 +8,9 @@ per window rather than one per step, and readers wake once per window.
 
 Exactly-once and fencing are unchanged: a written entry is still fenced by the lease
 token and made idempotent by the index of its first token; what was taken for a write
-is sent again, unchanged, until Redis acknowledges it (the engine computes at most one
-step meanwhile: the one the write overlaps), so a retried write never differs from one
-that went through. What a
+is sent again, unchanged, until Redis acknowledges it (the engine computes at most
+``MAX_STEPS_WRITING`` steps meanwhile: those the write overlaps, whose outputs are held
+for the write after it), so a retried write never differs from one that went through. What a
 worker holds when it loses a lease or dies was never written: the next worker
 regenerates it from the last written token.
 """

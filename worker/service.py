@@ -38,6 +38,8 @@ IDLE_WAIT_S = 0.5
 # Redis away (or failing over), or fewer replicas than TOKENQ_REDIS_MIN_REPLICAS: the
 # loop pauses and tries again; nothing it holds is lost meanwhile.
 REDIS_ERRORS = (*UNREACHABLE, ReplicationTimeout)
+# Engine steps a write may overlap before the loop waits for Redis to acknowledge it.
+MAX_STEPS_WRITING = 4
 
 
 class WorkerService:
@@ -67,11 +69,19 @@ class WorkerService:
         # Step outputs held for the next write, and a write not yet acknowledged.
         self.coalescer = Coalescer(settings.publish_coalesce_ms / 1000)
         self.pending: list[RequestOutput] = []
+        self.writing: futures.Future[list[tuple[Planned, Written]]] | None = None
+        self.steps_writing = 0  # engine steps computed while that write was in flight
+        # Off: lock-step, each write acted on after the one step it overlaps and claims
+        # made between steps (the protocol's tests step the loop so, one turn at a time).
+        self.overlap_redis = True
         # Filled by the heartbeat thread, applied by the loop between steps.
         self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
         # Writes go to Redis from this thread while the engine computes the next step.
         self.writer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-write")
+        # Claims go out from this thread while the engine computes (see ``intake``).
+        self.claimer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-claim")
+        self.claiming: futures.Future[list[Claimed]] | None = None
         self._rate = (0, time.monotonic())  # tokens and when, at the last figures
         self.handoffs = Handoffs()  # dropped while the engine ran them; claimed again
         self.prefix_cuts = PrefixCuts(engine) if settings.prefix_affinity else None
@@ -96,7 +106,7 @@ class WorkerService:
 
     def iterate(self, burst: bool = False) -> bool:
         """One turn of the loop; False when a burst run has nothing left to do."""
-        if self.pending:
+        if self.pending and self.writing is None:
             self.flush()  # a write that failed goes again, unchanged, before the engine moves on
         self._apply_heartbeat_news()
         claimed = self.intake()
@@ -118,6 +128,8 @@ class WorkerService:
         whatever is left so that it resumes on another worker."""
         give_up = time.monotonic() + timeout_s
         backoff = Backoff()
+        with contextlib.suppress(*REDIS_ERRORS):
+            self._admit_all(self._claimed(wait=True))  # drained, or handed back, with the rest
         while self.engine.has_unfinished_requests() and time.monotonic() < give_up:
             try:
                 self.flush()
@@ -130,8 +142,10 @@ class WorkerService:
         self.release_all()
 
     def close(self) -> None:
-        """Stop the writer thread (nothing is in flight between steps)."""
+        """Stop the writer thread once the write in flight, if any, is done (``drain``
+        and a burst run end with every write acknowledged) and the claimer."""
         self.writer.shutdown()
+        self.claimer.shutdown()
 
     def release_all(self) -> int:
         held = {**self.held_leases(), **self.handoffs.take_leases()}
@@ -145,23 +159,42 @@ class WorkerService:
 
     def step(self) -> None:
         """One engine step while, on the writer thread, Redis takes what earlier steps
-        produced (if a write is due). The write is acknowledged, and acted on, before
-        this returns: at most one write is in flight, the engine runs at most one step
-        past what Redis acknowledged, and a write that failed is sent again before the
-        next step (``iterate``). Claims stay on this thread, right before the engine
-        takes what they bring: a request claimed is held, and its lease renewed, from
-        then on (a claim made beside a long step could see its lease lapse)."""
-        pending = self._take(force=False)
-        if pending is None:
-            self._step_engine()
-            return
-        write = self.writer.submit(self._send, pending)
+        produced (if a write is due). At most one write is in flight: it is acted on at
+        the first step after Redis acknowledged it, so a write slower than a step (a
+        busy Redis, a large batch's events) holds back the next write, not the engine,
+        for up to ``MAX_STEPS_WRITING`` steps (then the loop waits for it: a cancel or a
+        lost lease that its reply brings is acted on that many steps late at most).
+        What the steps meanwhile produce is held for the write after it. A write that
+        failed is sent again, unchanged, before the engine moves on (``iterate``).
+        Claims stay on this thread, right before the engine takes what they bring: a
+        request claimed is held, and its lease renewed, from then on (a claim made
+        beside a long step could see its lease lapse)."""
+        self._settle_written(wait=self.steps_writing >= MAX_STEPS_WRITING)
+        if self.writing is None:
+            pending = self._take(force=False)
+            if pending is not None:
+                # Planned here, where ``held`` changes; the writer thread only sends it.
+                self.writing = self.writer.submit(self.queue.write, plan_step(self.held, pending))
+                self.steps_writing = 0
         try:
+            self.steps_writing += 1
             self._step_engine()
         except BaseException:
-            futures.wait([write])  # the engine's error is the one to raise
+            if self.writing is not None:
+                futures.wait([self.writing])  # the engine's error is the one to raise
             raise
-        self._settle(write.result())  # a write's error raises here; it goes again, unchanged
+        if not self.overlap_redis:
+            self._settle_written(wait=True)
+
+    def _settle_written(self, wait: bool) -> None:
+        """Act on the write in flight once Redis acknowledged it (``wait``: wait for
+        that). A write's error raises here; what it carried stays pending and goes
+        again, unchanged."""
+        write = self.writing
+        if write is None or not (wait or write.done()):
+            return
+        self.writing = None
+        self._settle(write.result())
 
     def _step_engine(self) -> None:
         clock = self.coalescer.clock  # one clock for the step time and the window
@@ -180,10 +213,12 @@ class WorkerService:
 
     def flush(self, force: bool = False) -> None:
         """Write what is held, if it is due (or ``force``): every token and final event
-        in one round trip. A write that failed is sent again first, unchanged."""
+        in one round trip, once the write in flight is acknowledged. A write that failed
+        is sent again first, unchanged."""
+        self._settle_written(wait=True)
         pending = self._take(force)
         if pending is not None:
-            self._settle(self._send(pending))
+            self._settle(self.queue.write(plan_step(self.held, pending)))
 
     def _take(self, force: bool) -> list[RequestOutput] | None:
         """What the next write carries: the one that failed, else what is held if due."""
@@ -196,12 +231,6 @@ class WorkerService:
                 if held is not None:
                     held.ending = True
         return self.pending
-
-    def _send(self, pending: list[RequestOutput]) -> list[tuple[Planned, Written]]:
-        """The write's round trips, and which request each reply is about. On the writer
-        thread it reads ``held`` while the loop only steps the engine (nothing changes
-        ``held``, or what it holds, meanwhile)."""
-        return self.queue.write(plan_step(self.held, pending))
 
     def _settle(self, pairs: list[tuple[Planned, Written]]) -> None:
         """Redis acknowledged the pending write: record it, and act on its replies."""
@@ -265,21 +294,43 @@ class WorkerService:
             self.held.pop(request_id, None)
 
     def intake(self) -> int:
-        """Claim as many requests as the engine has room for; returns how many.
+        """Claim as many requests as the engine has room for; returns how many were
+        admitted. While the engine has work, the claim goes out on its own thread beside
+        the next step, and what it brings is admitted on the turn after: its round trips
+        never hold up the engine (a step is far shorter than a lease, so what it claimed
+        is held, its lease renewed, well before the lease could lapse). An idle engine
+        claims and admits at once.
 
         Requests put back after their worker died come first in the queue, and a
         client is reading each of them mid-answer: they are claimed into the rows the
         engine keeps for them even when its batch is full of new work, so their
         streams go silent for about one lease, not until a row frees up somewhere."""
+        claimed = self._claimed(wait=not self.engine.has_unfinished_requests())
+        self._admit_all(claimed)
         room = self.engine.num_free_slots(resumed=True)
-        if room <= 0 or self.stopping.is_set():
-            return 0
-        free = self.engine.num_free_slots()
-        claimed = self.queue.claim(room, free, self.engine.lora_rank_limit(), self.guided)
+        if self.claiming is not None or room <= 0 or self.stopping.is_set():
+            return len(claimed)
+        args = (room, self.engine.num_free_slots(), self.engine.lora_rank_limit(), self.guided)
+        if self.overlap_redis and self.engine.has_unfinished_requests():
+            self.claiming = self.claimer.submit(self.queue.claim, *args)
+            return len(claimed)
+        now = self.queue.claim(*args)
+        self._admit_all(now)
+        return len(claimed) + len(now)
+
+    def _claimed(self, wait: bool) -> list[Claimed]:
+        """What the claim in flight brought, once it is back (``wait``: wait for it).
+        Its error raises here."""
+        claim = self.claiming
+        if claim is None or not (wait or claim.done()):
+            return []
+        self.claiming = None
+        return claim.result()
+
+    def _admit_all(self, claimed: list[Claimed]) -> None:
         self.metrics.on_claimed(sum(c.by_affinity for c in claimed))
         for c in [*self.handoffs.ready(), *claimed]:
             self._admit(c)
-        return len(claimed)
 
     def _admit(self, claimed: Claimed) -> None:
         """Hand a claimed request to the engine. It is held (its lease renewed) only once

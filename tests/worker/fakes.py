@@ -7,10 +7,21 @@ engine runs in tests/worker/engine and tests/integration.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.models import FinishReason
 from worker.engine import EngineRequest, RequestOutput
+
+if TYPE_CHECKING:
+    from worker.service import WorkerService
+
+
+def lockstep(service: WorkerService) -> WorkerService:
+    """``service`` in lock-step with Redis (``overlap_redis`` off): each write acted on
+    after the one step it overlaps, claims made between steps, so that a test turning
+    the loop by hand sees each turn's effects at once."""
+    service.overlap_redis = False
+    return service
 
 
 @dataclass

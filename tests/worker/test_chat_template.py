@@ -13,7 +13,7 @@ from shared.models import GenerationRequest
 from tests.worker.templated import MISTRAL_TOKENS, QWEN3_TOKENS, template, templated_tokenizer
 from worker.admission import prompt_token_ids
 from worker.chat_template import chat_features
-from worker.engine.engine import Engine
+from worker.engine.engine import Engine, encode_text
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def _prompt(tokenizer: Any, **fields: Any) -> str:
     request = GenerationRequest.model_validate({"model": "m", **fields})
     # Engine.encode_chat's own body, over a tokenizer alone (no model to load).
     encoder: Any = SimpleNamespace(tokenizer=tokenizer, vocab_size=len(tokenizer))
-    encoder.encode_prompt = tokenizer.encode
+    encoder.encode_prompt = lambda prompt: Engine.encode_prompt(encoder, prompt)
     encoder.encode_chat = lambda *args: Engine.encode_chat(encoder, *args)
     text: str = tokenizer.decode(prompt_token_ids(encoder, request))
     return text
@@ -100,3 +100,32 @@ def test_token_id_prompts_are_checked_against_the_vocabulary(source: str) -> Non
     assert _prompt(tokenizer, prompt_token_ids=ids) == "Hello there"
     with pytest.raises(ValueError, match=r"prompt_token_ids\[1\] is 999999, outside"):
         _prompt(tokenizer, prompt_token_ids=[ids[0], 999_999])
+
+
+def test_the_engine_tokenizes_as_transformers_does_added_and_special_tokens_included(
+    source: str,
+) -> None:
+    """The engine renders, then tokenizes through the Rust tokenizer: the same ids as
+    transformers' apply_chat_template(tokenize=True) and encode."""
+    messages = [
+        {"role": "system", "content": "Be brief.  Two  spaces, tabs\t and\nnewlines."},
+        {"role": "user", "content": "Use <tool_call> or [TOOL_CALLS] as text; héllo 日本 🙂"},
+    ]
+    tokenizers = {
+        "qwen3": qwen3(source),
+        "mistral": templated_tokenizer(source, template("mistral_v03"), special=MISTRAL_TOKENS),
+        "smollm2": templated_tokenizer(source, _smollm2_template(source)),
+        "llama3": templated_tokenizer(source, template("llama3")),
+    }
+    tokenizers["llama3"].add_bos_token = True  # encode adds it; a chat prompt must not
+    for name, tokenizer in tokenizers.items():
+        encoder: Any = SimpleNamespace(tokenizer=tokenizer)
+        expected = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        assert Engine.encode_chat(encoder, messages) == list(expected), name
+        text = messages[1]["content"]
+        assert Engine.encode_prompt(encoder, text) == tokenizer.encode(text), name
+        assert encode_text(tokenizer, text, add_special_tokens=False) == tokenizer.encode(
+            text, add_special_tokens=False
+        ), name

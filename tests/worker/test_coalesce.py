@@ -16,7 +16,7 @@ from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
 from shared.records import stream_event
 from shared.settings import Settings
 from tests.conftest import serve
-from tests.worker.fakes import ScriptedEngine
+from tests.worker.fakes import ScriptedEngine, lockstep
 from tests.worker.test_service import FlakyPipeline
 from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
@@ -54,7 +54,7 @@ class Setup:
 def setup(any_redis: redis.Redis) -> Setup:
     settings = Settings(publish_coalesce_ms=int(LOOP_WINDOW_S * 1000))
     serve(any_redis, MODEL)
-    service = WorkerService(ScriptedEngine(), any_redis, settings, MODEL, "w1")
+    service = lockstep(WorkerService(ScriptedEngine(), any_redis, settings, MODEL, "w1"))
     clock = Clock()
     service.coalescer = Coalescer(LOOP_WINDOW_S, clock=clock)
     return Setup(Client(connection=any_redis, settings=settings), service, clock, any_redis)

@@ -16,7 +16,7 @@ from shared.keys import Keys
 from shared.models import FinishReason, TokenEvent
 from shared.settings import Settings
 from tests.conftest import serve
-from tests.worker.fakes import ScriptedEngine
+from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.heartbeat import Heartbeat
 from worker.service import WorkerService
 
@@ -28,7 +28,7 @@ def rig(fake_redis: fakeredis.FakeRedis) -> tuple[Client, WorkerService, Scripte
     settings = Settings(publish_coalesce_ms=0)  # a write per step
     serve(fake_redis, MODEL)
     engine = ScriptedEngine()
-    service = WorkerService(engine, fake_redis, settings, MODEL, "w1")
+    service = lockstep(WorkerService(engine, fake_redis, settings, MODEL, "w1"))
     return Client(connection=fake_redis, settings=settings), service, engine
 
 

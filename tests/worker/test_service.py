@@ -18,7 +18,7 @@ from shared.scripts import Scripts
 from shared.settings import Settings
 from shared.usage import last_hours, read_usage
 from tests.conftest import serve
-from tests.worker.fakes import ScriptedEngine
+from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.engine.outputs import RequestOutput
 from worker.service import WorkerService
 
@@ -30,7 +30,7 @@ def setup(fake_redis: fakeredis.FakeRedis) -> tuple[Client, WorkerService, Scrip
     settings = Settings(publish_coalesce_ms=0)  # a write per step (tests/worker/test_coalesce.py)
     serve(fake_redis, MODEL)
     engine = ScriptedEngine()
-    service = WorkerService(engine, fake_redis, settings, MODEL, "w1")
+    service = lockstep(WorkerService(engine, fake_redis, settings, MODEL, "w1"))
     return Client(connection=fake_redis, settings=settings), service, engine
 
 
@@ -172,7 +172,7 @@ def test_a_redis_error_while_admitting_holds_nothing_and_the_request_comes_back(
 ) -> None:
     client, _, engine = setup
     settings = Settings(lease_ms=100)
-    service = WorkerService(engine, fake_redis, settings, MODEL, "w2")
+    service = lockstep(WorkerService(engine, fake_redis, settings, MODEL, "w2"))
     h = client.submit("p", model=MODEL, max_tokens=2)
     fake_redis.hset(Keys().request(h.id), "num_generated", 1)  # as if resumed: restore reads
     monkeypatch.setattr(fake_redis, "xrange", _raise_connection_error)
@@ -285,12 +285,20 @@ def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     settings = Settings(publish_coalesce_ms=0)
     serve(fake_redis, MODEL)
     client = Client(connection=fake_redis, settings=settings)
-    dying = WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
+    dying = lockstep(
+        WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
+    )
     resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
     dying.iterate()  # claims it and computes a token
     dying.iterate()  # streams it (while computing another), then "dies" (its lease lapses)
-    busy = WorkerService(
-        ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1), fake_redis, settings, MODEL, "w1"
+    busy = lockstep(
+        WorkerService(
+            ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1),
+            fake_redis,
+            settings,
+            MODEL,
+            "w1",
+        )
     )
     fresh = [client.submit(f"n {i}", model=MODEL, max_tokens=5, priority="high") for i in range(4)]
     busy.iterate()  # full of new work now
@@ -314,7 +322,9 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     settings = Settings(publish_coalesce_ms=0)  # each step's token is written at once
     serve(fake_redis, MODEL)
     client = Client(connection=fake_redis, settings=settings)
-    dying = WorkerService(ScriptedEngine(max_num_seqs=4), fake_redis, settings, MODEL, "w-dead")
+    dying = lockstep(
+        WorkerService(ScriptedEngine(max_num_seqs=4), fake_redis, settings, MODEL, "w-dead")
+    )
     mid_answer = [
         client.submit(f"m {i}", model=MODEL, max_tokens=5, priority="low") for i in (0, 1)
     ]
@@ -324,8 +334,14 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
         client.submit(f"u {i}", model=MODEL, max_tokens=5, priority="high") for i in (0, 1)
     ]
     assert dying.intake() == 2  # claimed, then it "dies" before its next step
-    busy = WorkerService(
-        ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=2), fake_redis, settings, MODEL, "w1"
+    busy = lockstep(
+        WorkerService(
+            ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=2),
+            fake_redis,
+            settings,
+            MODEL,
+            "w1",
+        )
     )
     for i in (0, 1):
         client.submit(f"n {i}", model=MODEL, max_tokens=5)
