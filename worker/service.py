@@ -166,9 +166,7 @@ class WorkerService:
         lost lease that its reply brings is acted on that many steps late at most).
         What the steps meanwhile produce is held for the write after it. A write that
         failed is sent again, unchanged, before the engine moves on (``iterate``).
-        Claims stay on this thread, right before the engine takes what they bring: a
-        request claimed is held, and its lease renewed, from then on (a claim made
-        beside a long step could see its lease lapse)."""
+        Claims go out beside the steps too (``intake``)."""
         self._settle_written(wait=self.steps_writing >= MAX_STEPS_WRITING)
         if self.writing is None:
             pending = self._take(force=False)
