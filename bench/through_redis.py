@@ -236,6 +236,12 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="with --sim: also a worker from this tree")
     parser.add_argument("--timed-forward-ms", type=float, default=None, help="a timed forward")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: the device's")
+    parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the engine alone and the worker alike (default: the device's)",
+    )
     args = parser.parse_args()
     rows = load(args.workload) * args.repeat
     if args.sim is not None:
@@ -249,6 +255,9 @@ def main() -> None:
     if args.max_num_seqs is not None:
         extra["max_num_seqs"] = args.max_num_seqs
         flags += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.async_scheduling is not None:
+        extra["async_scheduling"] = args.async_scheduling
+        flags += ["--async-scheduling" if args.async_scheduling else "--no-async-scheduling"]
     alone = engine_alone(rows, args.device, extra)
     server = EmbeddedRedis().start()
     worker = start_worker(server.url, args.device, flags=tuple(flags))

@@ -74,7 +74,7 @@ def worker(
         bool | None,
         typer.Option(
             help="schedule the next step while one runs (off: wait for each step); "
-            "default: on on the CPU, off on CUDA (see the README)"
+            "default: on"
         ),
     ] = None,
     timed_forward_ms: Annotated[

@@ -3,10 +3,11 @@
 #
 # The device machine has CUDA builds of torch and triton but none of our other
 # packages, no redis-server and no model (no hub, no PyPI). A device call carries at
-# most 64 MiB, and the default model's GGUF alone is 94 MiB, so the pack is two
-# folders of at most 60 MiB, one per call, made back to back while the machine is warm:
-#   .gpu/call1: the first part of the GGUF     (run.sh stage)
-#   .gpu/call2: the rest of the GGUF, our wheels for Python 3.12, redis-server and the
+# most 64 MiB, and the default model's GGUF alone is 94 MiB (86 MiB through xz), so the
+# pack is two folders of at most 60 MiB, one per call, made back to back while the
+# machine is warm:
+#   .gpu/call1: the first part of the xz'd GGUF     (run.sh stage)
+#   .gpu/call2: the rest of it, our wheels for Python 3.12, redis-server and the
 #               libraries it needs that the device image lacks   (run.sh)
 # Run from the repository root with the project's virtualenv made (make setup).
 set -euo pipefail
@@ -22,7 +23,7 @@ rm -rf "$out" && mkdir -p "$out/call1" "$out/call2/wheels" "$out/call2/redis"
 packages=(transformers tokenizers redis hiredis pydantic pydantic_core
   pydantic-settings annotated-types typing-inspection python-dotenv orjson rq croniter gguf
   fakeredis pytest-asyncio jsonschema jsonschema-specifications referencing rpds-py
-  typing_extensions regex)
+  typing_extensions regex xgrammar apache-tvm-ffi)
 pins=()
 for name in "${packages[@]}"; do
   pins+=("$name==$("$PY" -c "import importlib.metadata as m; print(m.version('$name'))")")
@@ -43,8 +44,10 @@ done
 gguf=$("$PY" -c "from worker.model_store import find_default_gguf; print(find_default_gguf())")
 used_kib=$(du -sk "$out/call2" | cut -f1)
 first_kib=$(( limit_mib * 1024 - 256 ))
-head -c $(( first_kib * 1024 )) "$gguf" > "$out/call1/model.gguf.part1"
-tail -c +$(( first_kib * 1024 + 1 )) "$gguf" > "$out/call2/model.gguf.part2"
+xz -6 -T2 -c "$gguf" > "$out/model.gguf.xz"
+head -c $(( first_kib * 1024 )) "$out/model.gguf.xz" > "$out/call1/model.gguf.xz.part1"
+tail -c +$(( first_kib * 1024 + 1 )) "$out/model.gguf.xz" > "$out/call2/model.gguf.xz.part2"
+rm "$out/model.gguf.xz"
 (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") | cut -d' ' -f1 > "$out/call2/model.gguf.sha256"
 basename "$gguf" > "$out/call2/model.gguf.name"
 for dir in "$out/call1" "$out/call2"; do

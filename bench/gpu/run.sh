@@ -3,8 +3,8 @@
 #
 # On this machine first: bash bench/gpu/run.sh prepare (bench/gpu/prepare.sh: packs
 # .gpu/call1 and .gpu/call2, each at most 60 MiB; the default model's GGUF alone is
-# 94 MiB, so it takes two folders). Then two device calls back to back (the machine
-# keeps files only while it is warm):
+# 94 MiB, 86 through xz, so it takes two folders). Then two device calls back to back
+# (the machine keeps files only while it is warm):
 #   bash bench/gpu/run.sh stage      carrying .gpu/call1: stores the model's first part
 #   bash bench/gpu/run.sh [STEP...]  carrying .gpu/call2: installs, converts the model,
 #                                    runs the CUDA tests and every GPU benchmark
@@ -23,7 +23,7 @@ if [[ "${1:-}" == prepare ]]; then
   exec bash bench/gpu/prepare.sh
 fi
 if [[ "${1:-}" == stage ]]; then
-  cp .gpu/call1/model.gguf.part1 "$stage/" && ls -la "$stage" && exit 0
+  cp .gpu/call1/model.gguf.xz.part1 "$stage/" && ls -la "$stage" && exit 0
   exit 1
 fi
 
@@ -33,7 +33,9 @@ setup() {
   mkdir -p /tmp/redis-bin && cp .gpu/call2/redis/* /tmp/redis-bin/ && chmod +x /tmp/redis-bin/redis-server
   local name; name=$(cat .gpu/call2/model.gguf.name)
   mkdir -p "$stage/gguf"
-  cat "$stage/model.gguf.part1" .gpu/call2/model.gguf.part2 > "$stage/gguf/$name"
+  cat "$stage/model.gguf.xz.part1" .gpu/call2/model.gguf.xz.part2 | python3 -c \
+    "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
+    > "$stage/gguf/$name"
   echo "$(cat .gpu/call2/model.gguf.sha256)  $stage/gguf/$name" | sha256sum -c - || return 1
   python3 -c "
 from pathlib import Path
@@ -59,16 +61,17 @@ fi
 export PYTHONUNBUFFERED=1
 
 # name, time limit in seconds, command (the issue's GPU figures: the engine against its
-# graph-replay ceiling at 256 sequences, asynchronous and not; generate_batch; critical
-# TTFT saturated against idle; through Redis against the engine; greedy agreement on
-# mixed32 with top-2 gaps; a Qwen3-shaped model against its own graph ceiling)
+# graph-replay ceiling at 256 sequences, asynchronous (the default) and not;
+# generate_batch; critical TTFT saturated against idle; through Redis against the engine;
+# greedy agreement on mixed32 with top-2 gaps; a Qwen3-shaped model against its own
+# graph ceiling)
 steps=(
   "engine|150|$py bench/engine.py --device $dev --repeat $repeat --skip-static"
+  "engine-sync|60|$py bench/engine.py --device $dev --repeat $repeat --skip-priority --skip-static --skip-generate-batch --no-async-scheduling"
+  "cuda-tests|150|$py -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests/worker/engine"
   "through-redis|100|$py bench/through_redis.py --device $dev --repeat $repeat --max-num-seqs 256"
   "families|60|$py bench/families.py --device $dev --families llama,qwen3 --repeat $repeat"
-  "cuda-tests|110|$py -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests/worker/engine"
-  "greedy|75|$py bench/greedy_agreement.py --device $dev"
-  "engine-async|45|$py bench/engine.py --device $dev --repeat $repeat --skip-priority --skip-peers --async-scheduling"
+  "greedy|90|$py bench/greedy_agreement.py --device $dev"
 )
 
 figures=$out/gpu-figures.txt

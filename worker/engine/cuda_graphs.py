@@ -26,7 +26,7 @@ import torch
 from worker.engine.attention import PagedStep
 from worker.engine.models.decoder import ForwardBatch
 from worker.engine.models.state import StateCache, StateStep
-from worker.engine.step_inputs import StepInputs
+from worker.engine.step_inputs import StepInputs, host_tensor, on_device
 
 Forward = Callable[[ForwardBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -45,10 +45,10 @@ class PagedBackend:
         return PagedStep(
             self.key_cache,
             self.value_cache,
-            torch.tensor(inputs.slot_mapping, dtype=torch.long, device=self.device),
-            inputs.padded_tables().to(self.device),
-            torch.tensor(inputs.token_row, dtype=torch.int32, device=self.device),
-            torch.tensor(inputs.positions, dtype=torch.int32, device=self.device),
+            on_device(inputs.slot_mapping, torch.long, self.device),
+            _pinned(inputs.padded_tables(), self.device).to(self.device, non_blocking=True),
+            on_device(inputs.token_row, torch.int32, self.device),
+            on_device(inputs.positions, torch.int32, self.device),
             self.block_size,
         )
 
@@ -145,7 +145,9 @@ class StepGraphs:
         self.slot_mapping[num_tokens:size].fill_(self.scratch_slot)
         self.token_pos[num_tokens:size].fill_(-1)
         tables = inputs.padded_tables()
-        self.block_tables[: tables.shape[0], : tables.shape[1]].copy_(tables, non_blocking=True)
+        self.block_tables[: tables.shape[0], : tables.shape[1]].copy_(
+            _pinned(tables, self.block_tables.device), non_blocking=True
+        )
         self._copy_in(self.logits_index, inputs.sample_index, torch.long)
         self.logits_index[num_sampled : min(size, self.max_num_rows)].zero_()
         if self.state is not None:  # one token per row: row i is token i
@@ -159,8 +161,10 @@ class StepGraphs:
         num_rows = len(inputs.state_slots)
         slots = [self.state.scratch_slot if s is None else s for s in inputs.state_slots]
         self._copy_in(self.state_slots, slots, torch.long)
-        fresh = torch.tensor([pos == 0 for pos in inputs.row_start_pos], dtype=torch.bool)
-        self.state_fresh[:num_rows].copy_(fresh, non_blocking=True)
+        fresh = [pos == 0 for pos in inputs.row_start_pos]
+        self.state_fresh[:num_rows].copy_(
+            host_tensor(fresh, torch.bool, self.state_fresh.device), non_blocking=True
+        )
         self.state_slots[num_rows:size].fill_(self.state.scratch_slot)
         self.state_fresh[num_rows:size].fill_(True)
 
@@ -193,5 +197,11 @@ class StepGraphs:
     @staticmethod
     def _copy_in(buffer: torch.Tensor, values: list[int], dtype: torch.dtype) -> None:
         if values:
-            host = torch.tensor(values, dtype=dtype)
-            buffer[: len(values)].copy_(host, non_blocking=True)
+            buffer[: len(values)].copy_(
+                host_tensor(values, dtype, buffer.device), non_blocking=True
+            )
+
+
+def _pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor in pinned memory for a copy to CUDA (see ``host_tensor``)."""
+    return tensor.pin_memory() if device.type == "cuda" else tensor

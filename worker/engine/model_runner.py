@@ -55,7 +55,7 @@ from worker.engine.runner_support import (
     state_shapes,
 )
 from worker.engine.sampler import GREEDY, Sampler, SamplingRow, sampling_row
-from worker.engine.step_inputs import RopeLens, StepInputs
+from worker.engine.step_inputs import RopeLens, StepInputs, on_device
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +417,7 @@ class ModelRunner:
         return sampling_row(item.seq, self.eos_token_ids)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+        return on_device(values, torch.long, self.device)
 
 
 def _config_windows(model: Any) -> set[int | None]:

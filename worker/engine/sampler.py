@@ -24,6 +24,7 @@ import torch
 from shared.models import SamplingParams
 from worker.engine import sampling_ops as ops
 from worker.engine.sampling_ops import token_seed
+from worker.engine.step_inputs import on_device
 
 if TYPE_CHECKING:
     from worker.engine.request import Sequence
@@ -110,7 +111,7 @@ class Sampler:
         return token_ids, packed
 
     def _tensor(self, values: Seq[object], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        return on_device(values, dtype, self.device)
 
     def _process(
         self, logits: torch.Tensor, rows: list[SamplingRow], errors: dict[int, str]

@@ -53,7 +53,9 @@ def output_counts(
         padded[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     counts = torch.zeros(len(output_ids), vocab_size + 1, device=device)
     counts.scatter_add_(
-        1, padded.to(device), torch.ones_like(padded, dtype=counts.dtype, device=device)
+        1,
+        padded.to(device, non_blocking=True),
+        torch.ones(padded.shape, dtype=counts.dtype, device=device),
     )
     return counts[:, :vocab_size]
 

@@ -22,6 +22,19 @@ from worker.engine.request import LoraRef
 RopeLens = Literal["prompt", "sequence"] | None
 
 
+def on_device(values: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, copied without making the host wait."""
+    return host_tensor(values, dtype, device).to(device, non_blocking=True)
+
+
+def host_tensor(values: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` on the host, ready for a copy to ``device`` that the host need not wait
+    for: in pinned memory for CUDA (whose caching allocator keeps the block until the copy
+    is done); ``torch.tensor(..., device=cuda)`` waits for the whole stream instead, and a
+    copy from pageable memory may too."""
+    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+
+
 @dataclass
 class StepInputs:
     """A step's inputs on the host: per token, and per row (one per scheduled item)."""

@@ -55,12 +55,12 @@ def test_a_gpu_gets_gpu_defaults_and_what_the_operator_set_stays() -> None:
     assert EngineConfig(model="m").for_device("cuda").max_num_seqs == 256
 
 
-def test_asynchronous_scheduling_is_on_on_the_cpu_and_off_on_cuda_unless_set() -> None:
-    """On an H200 the asynchronous engine measured slower than the synchronous one."""
+def test_asynchronous_scheduling_is_on_on_every_device_unless_set_off() -> None:
+    """On an H200 the asynchronous engine gave 1.45x the synchronous one's tokens/s."""
     assert EngineConfig(model="m").for_device("cpu").async_scheduling is True
-    assert EngineConfig(model="m").for_device("cuda").async_scheduling is False
-    chosen = EngineConfig(model="m", async_scheduling=True).for_device("cuda")
-    assert chosen.async_scheduling is True
+    assert EngineConfig(model="m").for_device("cuda").async_scheduling is True
+    chosen = EngineConfig(model="m", async_scheduling=False).for_device("cuda")
+    assert chosen.async_scheduling is False
 
 
 def test_a_config_is_frozen() -> None:

@@ -101,6 +101,28 @@ def test_preemption_under_a_small_kv_budget_equals_the_synchronous_engine(
     assert_same(sync, overlapped)
 
 
+@pytest.mark.cuda
+@pytest.mark.timeout(900)
+def test_on_cuda_asynchronous_steps_equal_the_synchronous_engine(
+    make_engine: EngineFactory,
+) -> None:
+    """On CUDA the sampled ids stay on the device and feed the next step, which is queued
+    behind the one running: the same features, fp32, graphs replayed in both."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    sampling = [
+        greedy(logprobs=2, ignore_eos=True, max_tokens=40),
+        greedy(stop=(" the",), max_tokens=20),
+        greedy(guided_json=schema, max_tokens=16),
+        greedy(repetition_penalty=1.3, frequency_penalty=0.5, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=10, logprobs=0),
+        greedy(min_tokens=4, max_tokens=6, stop_token_ids=(13,)),
+        greedy(max_tokens=1),
+    ] + [greedy(max_tokens=24 + i, logprobs=0) for i in range(9)]
+    sync, overlapped = both(make_engine, sampling, device="cuda", dtype="float32", kv_cache_mib=512)
+    assert_same(sync, overlapped)
+    assert any(s[2] is FinishReason.STOP for s in sync)
+
+
 def test_cancel_mid_run_publishes_what_the_synchronous_engine_does(
     make_engine: EngineFactory,
 ) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch.nn import functional
 
-from worker.engine.step_inputs import StepInputs
+from worker.engine.step_inputs import StepInputs, on_device
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +183,13 @@ class StateCache:
             step.decode_slots = self._tensor([_slot(inputs, r) for r in decode])
             fresh = [inputs.row_start_pos[r] == 0 for r in decode]
             if any(fresh):  # one-token prompts; the others start with a chunk
-                step.decode_fresh = torch.tensor(fresh, dtype=torch.bool, device=self.device)
+                step.decode_fresh = on_device(fresh, torch.bool, self.device)
             if chunks:
                 step.decode_index = self._tensor([inputs.row_starts[r] for r in decode])
         return step
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+        return on_device(values, torch.long, self.device)
 
 
 def _slot(inputs: StepInputs, row: int) -> int:
