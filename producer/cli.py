@@ -73,8 +73,7 @@ def worker(
     async_scheduling: Annotated[
         bool | None,
         typer.Option(
-            help="schedule the next step while one runs (off: wait for each step); "
-            "default: on"
+            help="schedule the next step while one runs (off: wait for each step); default: on"
         ),
     ] = None,
     timed_forward_ms: Annotated[
