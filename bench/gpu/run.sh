@@ -70,7 +70,7 @@ steps=(
   "engine-sync|60|$py bench/engine.py --device $dev --repeat $repeat --skip-priority --skip-static --skip-generate-batch --no-async-scheduling"
   "cuda-tests|150|$py -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests/worker/engine"
   "through-redis|100|$py bench/through_redis.py --device $dev --repeat $repeat --max-num-seqs 256"
-  "families|60|$py bench/families.py --device $dev --families llama,qwen3 --repeat $repeat"
+  "families|150|$py bench/families.py --device $dev --families llama,qwen3 --repeat $repeat"
   "greedy|90|$py bench/greedy_agreement.py --device $dev"
 )
 
