@@ -458,7 +458,7 @@ def parse_args() -> argparse.Namespace:
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="schedule the next step while one runs (default: the device's, on on the CPU)",
+        help="schedule the next step while one runs (default: on)",
     )
     args = parser.parse_args()
     if args.workload is None:

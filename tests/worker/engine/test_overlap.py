@@ -5,6 +5,7 @@ reasons and usage identical, logprobs within fp32's batch noise; and the timed f
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -51,11 +52,18 @@ def requests(engine: Engine, sampling: list[SamplingParams], tag: str) -> list[E
 
 
 def both(
-    make_engine: EngineFactory, sampling: list[SamplingParams], **config: Any
+    make_engine: EngineFactory,
+    sampling: list[SamplingParams],
+    setup: Callable[[Engine], None] | None = None,
+    **config: Any,
 ) -> tuple[list[Summary], list[Summary]]:
+    """The synchronous engine's summaries, then the asynchronous one's; ``setup`` is
+    given each engine before it runs."""
     runs = []
     for async_scheduling in (False, True):
         engine = make_engine(async_scheduling=async_scheduling, **config)
+        if setup is not None:
+            setup(engine)
         reqs = requests(engine, sampling, "a" if async_scheduling else "s")
         results = engine.generate(reqs)
         runs.append([summarize(results[r.request_id]) for r in reqs])
@@ -107,7 +115,10 @@ def test_on_cuda_asynchronous_steps_equal_the_synchronous_engine(
     make_engine: EngineFactory,
 ) -> None:
     """On CUDA the sampled ids stay on the device and feed the next step, which is queued
-    behind the one running: the same features, fp32, graphs replayed in both."""
+    behind the one running: the same features, fp32, graphs replayed in both. Each
+    replay first holds the stream ~1 ms, so the host is well ahead of the device when it
+    queues the next step (as with a large model), and the asynchronous engine must have
+    fed pending ids on the device."""
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     sampling = [
         greedy(logprobs=2, ignore_eos=True, max_tokens=40),
@@ -118,9 +129,41 @@ def test_on_cuda_asynchronous_steps_equal_the_synchronous_engine(
         greedy(min_tokens=4, max_tokens=6, stop_token_ids=(13,)),
         greedy(max_tokens=1),
     ] + [greedy(max_tokens=24 + i, logprobs=0) for i in range(9)]
-    sync, overlapped = both(make_engine, sampling, device="cuda", dtype="float32", kv_cache_mib=512)
+    fed: dict[bool, list[int]] = {}
+
+    def behind_the_host(engine: Engine) -> None:
+        runner, graphs = engine.runner, engine.runner.graphs
+        assert graphs is not None, "graphs captured"
+        fed[bool(engine.config.async_scheduling)] = count_pending_feeds(runner)
+        replay = graphs.run
+
+        def slow_replay(inputs: Any, pending: Any = None) -> torch.Tensor:
+            torch.cuda._sleep(2_000_000)  # type: ignore[no-untyped-call]
+            return replay(inputs, pending)
+
+        graphs.run = slow_replay  # type: ignore[method-assign]
+
+    sync, overlapped = both(
+        make_engine, sampling, behind_the_host, device="cuda", dtype="float32", kv_cache_mib=512
+    )
     assert_same(sync, overlapped)
     assert any(s[2] is FinishReason.STOP for s in sync)
+    assert fed[False] == [0] and fed[True][0] > 20  # steps that took ids from the device
+
+
+def count_pending_feeds(runner: Any) -> list[int]:
+    """Counts, in the list returned, the steps whose pending tokens came from the step
+    before's ids on the device."""
+    fed = [0]
+    pending = runner._pending
+
+    def counting(inputs: Any, prev_ids: Any) -> Any:
+        found = pending(inputs, prev_ids)
+        fed[0] += found is not None
+        return found
+
+    runner._pending = counting
+    return fed
 
 
 def test_cancel_mid_run_publishes_what_the_synchronous_engine_does(
