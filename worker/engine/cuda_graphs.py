@@ -26,7 +26,7 @@ import torch
 from worker.engine.attention import PagedStep
 from worker.engine.models.decoder import ForwardBatch
 from worker.engine.models.state import StateCache, StateStep
-from worker.engine.step_inputs import StepInputs, host_tensor, on_device
+from worker.engine.step_inputs import StepInputs, host_tensor, on_device, pinned
 
 Forward = Callable[[ForwardBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -46,7 +46,7 @@ class PagedBackend:
             self.key_cache,
             self.value_cache,
             on_device(inputs.slot_mapping, torch.long, self.device),
-            _pinned(inputs.padded_tables(), self.device).to(self.device, non_blocking=True),
+            pinned(inputs.padded_tables(), self.device).to(self.device, non_blocking=True),
             on_device(inputs.token_row, torch.int32, self.device),
             on_device(inputs.positions, torch.int32, self.device),
             self.block_size,
@@ -146,7 +146,7 @@ class StepGraphs:
         self.token_pos[num_tokens:size].fill_(-1)
         tables = inputs.padded_tables()
         self.block_tables[: tables.shape[0], : tables.shape[1]].copy_(
-            _pinned(tables, self.block_tables.device), non_blocking=True
+            pinned(tables, self.block_tables.device), non_blocking=True
         )
         self._copy_in(self.logits_index, inputs.sample_index, torch.long)
         self.logits_index[num_sampled : min(size, self.max_num_rows)].zero_()
@@ -200,8 +200,3 @@ class StepGraphs:
             buffer[: len(values)].copy_(
                 host_tensor(values, dtype, buffer.device), non_blocking=True
             )
-
-
-def _pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor in pinned memory for a copy to CUDA (see ``host_tensor``)."""
-    return tensor.pin_memory() if device.type == "cuda" else tensor

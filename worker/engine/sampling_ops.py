@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from worker.engine.step_inputs import pinned
+
 _MASK64 = (1 << 64) - 1
 _NEG_INF = float("-inf")
 
@@ -54,7 +56,7 @@ def output_counts(
     counts = torch.zeros(len(output_ids), vocab_size + 1, device=device)
     counts.scatter_add_(
         1,
-        padded.to(device, non_blocking=True),
+        pinned(padded, device).to(device, non_blocking=True),
         torch.ones(padded.shape, dtype=counts.dtype, device=device),
     )
     return counts[:, :vocab_size]

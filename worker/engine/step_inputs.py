@@ -35,6 +35,11 @@ def host_tensor(values: object, dtype: torch.dtype, device: torch.device) -> tor
     return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
 
 
+def pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor made ready for a copy to ``device`` as ``host_tensor``'s are."""
+    return tensor.pin_memory() if device.type == "cuda" else tensor
+
+
 @dataclass
 class StepInputs:
     """A step's inputs on the host: per token, and per row (one per scheduled item)."""

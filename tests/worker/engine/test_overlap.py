@@ -81,10 +81,10 @@ def greedy(**fields: Any) -> SamplingParams:
     return SamplingParams(temperature=0.0, **{"max_tokens": 12, **fields})
 
 
-@pytest.mark.timeout(900)
-def test_mixed_features_equal_the_synchronous_engine(make_engine: EngineFactory) -> None:
+def mixed_features() -> list[SamplingParams]:
+    """A row of each feature that asynchronous steps must keep exact."""
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    sampling = [
+    return [
         greedy(logprobs=2, ignore_eos=True),
         greedy(stop=(" the",), max_tokens=20),
         greedy(guided_json=schema, max_tokens=16),
@@ -94,7 +94,11 @@ def test_mixed_features_equal_the_synchronous_engine(make_engine: EngineFactory)
         greedy(max_tokens=1),
         greedy(max_tokens=7, presence_penalty=0.7),
     ]
-    sync, overlapped = both(make_engine, sampling)
+
+
+@pytest.mark.timeout(900)
+def test_mixed_features_equal_the_synchronous_engine(make_engine: EngineFactory) -> None:
+    sync, overlapped = both(make_engine, mixed_features())
     assert_same(sync, overlapped)
     assert any(s[2] is FinishReason.STOP for s in sync)  # something stopped early
 
@@ -119,16 +123,7 @@ def test_on_cuda_asynchronous_steps_equal_the_synchronous_engine(
     replay first holds the stream ~1 ms, so the host is well ahead of the device when it
     queues the next step (as with a large model), and the asynchronous engine must have
     fed pending ids on the device."""
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    sampling = [
-        greedy(logprobs=2, ignore_eos=True, max_tokens=40),
-        greedy(stop=(" the",), max_tokens=20),
-        greedy(guided_json=schema, max_tokens=16),
-        greedy(repetition_penalty=1.3, frequency_penalty=0.5, ignore_eos=True),
-        SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=10, logprobs=0),
-        greedy(min_tokens=4, max_tokens=6, stop_token_ids=(13,)),
-        greedy(max_tokens=1),
-    ] + [greedy(max_tokens=24 + i, logprobs=0) for i in range(9)]
+    sampling = mixed_features() + [greedy(max_tokens=24 + i, logprobs=0) for i in range(9)]
     fed: dict[bool, list[int]] = {}
 
     def behind_the_host(engine: Engine) -> None:
