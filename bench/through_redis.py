@@ -242,6 +242,11 @@ def main() -> None:
         default=None,
         help="the engine alone and the worker alike (default: the device's)",
     )
+    parser.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="the worker runs its engine in a child process (tokenq worker --engine-process)",
+    )
     args = parser.parse_args()
     rows = load(args.workload) * args.repeat
     if args.sim is not None:
@@ -258,6 +263,8 @@ def main() -> None:
     if args.async_scheduling is not None:
         extra["async_scheduling"] = args.async_scheduling
         flags += ["--async-scheduling" if args.async_scheduling else "--no-async-scheduling"]
+    if args.engine_process:
+        flags += ["--engine-process"]
     alone = engine_alone(rows, args.device, extra)
     server = EmbeddedRedis().start()
     worker = start_worker(server.url, args.device, flags=tuple(flags))
@@ -270,6 +277,8 @@ def main() -> None:
         worker.wait(timeout=120)
         server.stop()
     print(f"workload: {args.workload.name} ({len(rows)} requests, {tokens} new tokens)")
+    if args.engine_process:
+        print("the worker's engine in a child process (its RSS not counted below)")
     if args.timed_forward_ms is not None:
         print(f"timed forward: {args.timed_forward_ms:g} ms a step (no model compute)")
     print(f"engine alone:         {alone:7.1f} tok/s")

@@ -89,10 +89,18 @@ def worker(
     grammar_compile_timeout_s: Annotated[
         float, typer.Option(help="a grammar still compiling after this ends its requests")
     ] = 10.0,
+    engine_process: Annotated[
+        bool,
+        typer.Option(
+            help="run the engine in a child process of its own, beside the worker's Redis "
+            "side and tokenizer (default: off, one process)"
+        ),
+    ] = False,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
     from worker.engine.errors import ModelLoadError
+    from worker.engine_process import EngineProcessDied
     from worker.main import WorkerOptions, engine_config, run_worker
 
     _logging(log_level)
@@ -116,6 +124,7 @@ def worker(
         timed_forward_ms=timed_forward_ms,
         grammar_compile_threads=grammar_compile_threads,
         grammar_compile_timeout_s=grammar_compile_timeout_s,
+        engine_process=engine_process,
     )
     try:
         config = engine_config(opts)
@@ -124,7 +133,7 @@ def worker(
         raise typer.Exit(2) from e
     try:
         run_worker(settings, opts, config)
-    except ModelLoadError as e:  # one line: what the model is and why it cannot serve
+    except (ModelLoadError, EngineProcessDied) as e:  # one line: what failed and why
         console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from e
 

@@ -23,6 +23,7 @@ from shared.version import VERSION
 from worker.chat_template import chat_features
 from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
+from worker.engine_process import EngineProcess
 from worker.heartbeat import Heartbeat, LoadingBeat
 from worker.metrics import WorkerMetrics, serve_http
 from worker.model_store import resolve_model
@@ -56,6 +57,7 @@ class WorkerOptions:
     timed_forward_ms: float | None = None
     grammar_compile_threads: int = 4
     grammar_compile_timeout_s: float = 10.0
+    engine_process: bool = False  # the engine in a child process (worker/engine_process.py)
 
 
 def new_worker_id() -> str:
@@ -90,9 +92,14 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
     return config
 
 
-def build_engine(config: EngineConfig | SimConfig) -> Engine | SimEngine:
+def build_engine(
+    config: EngineConfig | SimConfig, engine_process: bool = False
+) -> Engine | SimEngine | EngineProcess:
+    """The engine; with ``engine_process``, a real one runs in a child process."""
     if isinstance(config, SimConfig):
         return SimEngine(config)
+    if engine_process:
+        return EngineProcess(config)
     from worker.engine import Engine  # torch loads here, not for sim workers
 
     return Engine(replace(config, model=str(resolve_model(config.model))))
@@ -114,7 +121,7 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     metrics, readiness = WorkerMetrics(model_name), Readiness()
     if settings.worker_metrics_port is not None:
         serve_http(settings.worker_metrics_port, metrics, readiness)
-    engine = _load(config, loading, connection, settings, model_name)
+    engine = _load(config, opts.engine_process, loading, connection, settings, model_name)
     service = WorkerService(engine, connection, settings, model_name, worker_id, metrics, guided)
     heartbeat = start_heartbeat(service, engine)
     readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
@@ -129,20 +136,23 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     finally:
         heartbeat.stop()
         service.close()
+        if isinstance(engine, EngineProcess):
+            engine.close()
     log.info("worker %s stopped", service.worker_id)
 
 
 def _load(
     config: EngineConfig | SimConfig,
+    engine_process: bool,
     loading: LoadingBeat,
     connection: Any,
     settings: Settings,
     model_name: str,
-) -> Engine | SimEngine:
+) -> Engine | SimEngine | EngineProcess:
     """The engine; if the model cannot be loaded, the worker takes back what it registered
     and leaves the reason for submits to read (``withdraw_failed_worker``), then raises."""
     try:
-        return build_engine(config)
+        return build_engine(config, engine_process)
     except Exception as e:
         loading.stop()
         reason = str(e) if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {e}"
@@ -181,7 +191,9 @@ def serves_structured_outputs(config: EngineConfig | SimConfig) -> bool:
     return problem is None
 
 
-def start_heartbeat(service: WorkerService, engine: Engine | SimEngine) -> Heartbeat:
+def start_heartbeat(
+    service: WorkerService, engine: Engine | SimEngine | EngineProcess
+) -> Heartbeat:
     info = {
         "model": service.model,
         "version": VERSION,

@@ -91,10 +91,14 @@ def test_the_client_refuses_what_no_worker_would_run_naming_the_field(
     assert real_redis.zcard(KEYS.queue(TAG)) == 0 and worker.poll() is None
 
 
+@pytest.mark.parametrize("engine_args", [(), ("--engine-process",)], ids=["one", "engine-process"])
 def test_what_gets_past_the_client_ends_its_own_request_naming_the_field(
-    client: Client, real_redis: redis.Redis, start_worker: WorkerFactory
+    client: Client,
+    real_redis: redis.Redis,
+    start_worker: WorkerFactory,
+    engine_args: tuple[str, ...],
 ) -> None:
-    worker = start_worker(env=ENV)
+    worker = start_worker(*engine_args, env=ENV)
     limits = serving(real_redis, worker)
     vocab, context = limits.vocab_size, limits.max_model_len
     hostile = {

@@ -13,7 +13,8 @@ from shared.models import GenerationRequest
 from tests.worker.templated import MISTRAL_TOKENS, QWEN3_TOKENS, template, templated_tokenizer
 from worker.admission import prompt_token_ids
 from worker.chat_template import chat_features
-from worker.engine.engine import Engine, encode_text
+from worker.engine.engine import Engine
+from worker.engine.prompt_tokens import encode_text
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ import logging
 import time
 from typing import Any
 
-import jinja2
-
 from shared.limits import ModelLimits
 from shared.models import FinishReason
 from worker.engine.config import EngineConfig
@@ -25,6 +23,7 @@ from worker.engine.model_runner import ModelRunner, pick_device
 from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import InFlight
 from worker.engine.pooling import Pooler
+from worker.engine.prompt_tokens import encode_chat, encode_text
 from worker.engine.request import EngineRequest, SeqStatus, Sequence
 from worker.engine.runner_support import device_broken
 from worker.engine.scheduler import Scheduler
@@ -133,22 +132,8 @@ class Engine:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """The chat prompt's tokens: ``messages`` (OpenAI's shape) and ``tools`` (OpenAI
-        function tools) through the chat template, with ``template_kwargs`` as its
-        extra variables (``enable_thinking``...)."""
-        template_tools: Any = tools
-        try:
-            text: Any = self.tokenizer.apply_chat_template(
-                messages,
-                tools=template_tools,
-                add_generation_prompt=True,
-                tokenize=False,
-                **(template_kwargs or {}),
-            )
-        except jinja2.TemplateError as e:  # the template's own refusal: the request's fault
-            raise ValueError(f"the model's chat template refused these messages: {e}") from e
-        # What tokenize=True gives (the rendered text, no special tokens added), cheaper.
-        return encode_text(self.tokenizer, str(text), add_special_tokens=False)
+        """The chat prompt's tokens (``encode_chat``, below)."""
+        return encode_chat(self.tokenizer, messages, tools, template_kwargs)
 
     def add_request(self, req: EngineRequest) -> None:
         """Queue ``req`` for the next steps; raises ``ValueError`` when it cannot run.
@@ -508,14 +493,3 @@ class Engine:
         max_num_seqs = self.config.num_seqs + self.config.max_num_resumed_seqs
         state_bytes = self.runner.state_bytes_per_seq
         return split_budget(self.config.model, budget_bytes, block_bytes, state_bytes, max_num_seqs)
-
-
-def encode_text(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    """``tokenizer(text)``'s ids, through its Rust tokenizer where it has one: the same
-    ids for about half the cost of transformers' wrapper, which the worker's loop pays
-    for every request it admits."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
-    ids: list[int] = backend.encode(text, add_special_tokens=add_special_tokens).ids
-    return ids

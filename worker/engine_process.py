@@ -1,0 +1,340 @@
+"""The engine in a process of its own (``tokenq worker --engine-process``).
+
+In one process, the loop that steps the engine also admits requests (payload, chat
+template, tokenizer), plans writes and acts on Redis's replies, and the claim and
+write threads' Python shares its GIL: where the engine's host work fills a core (a
+GPU's step, or ``bench/through_redis.py --timed-forward-ms 2`` on the CPU), all of
+that comes out of the engine's time. Here the engine runs its own loop in a child
+process, as vLLM's EngineCore runs beside its API server. The worker sends it
+tokenized requests and aborts over a pipe; the child sends back each step's outputs
+as soon as it has them, with the engine's figures. The worker keeps everything that
+is Redis, and the tokenizer: a copy of the engine's, which the child saves when it
+has loaded the model.
+
+What a user sees differently:
+- a request the engine refuses (its context too long, an adapter it cannot take)
+  ends with the same error, a step later;
+- the child exits with the worker: on its stop, on the pipe's end, and on the
+  worker's death (``PR_SET_PDEATHSIG``);
+- a child that dies takes the worker down (exit 1). The leases it held lapse, and
+  other workers resume its requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from shared.limits import ModelLimits
+from shared.models import FinishReason
+from worker.engine.config import EngineConfig
+from worker.engine.errors import ModelLoadError
+from worker.engine.outputs import RequestOutput
+from worker.engine.prompt_tokens import encode_chat, encode_text
+from worker.engine.request import EngineRequest
+
+log = logging.getLogger(__name__)
+
+# The longest ``step`` waits for the child's next step before it lets the loop turn.
+STEP_WAIT_S = 0.05
+# How long an idle child waits for a message before it looks again.
+IDLE_WAIT_S = 0.1
+# The figures the heartbeat reads every few seconds go with a step at most this often.
+SLOW_FIGURES_EVERY_S = 0.5
+MAX_WARM = 256
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What the worker reads of its engine once, when the child has loaded it."""
+
+    config: EngineConfig
+    device: str
+    tokenizer_dir: str
+    vocab_size: int
+    max_model_len: int
+    embedding_size: int | None
+    kv_cache_budget_bytes: int
+    lora_rank_limit: int
+    max_num_seqs: int  # the scheduler's (a hybrid's state slots may lower the config's)
+    max_num_resumed_seqs: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    load_error: bool  # a ModelLoadError: the worker prints it in one line
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """One step's outputs, the engine's figures, and now and then the slow ones."""
+
+    outputs: list[RequestOutput]
+    stats: dict[str, float]
+    warm: list[str] | None = None
+    loras: list[str] | None = None
+
+
+class EngineProcessDied(RuntimeError):
+    pass
+
+
+class EngineProcess:
+    """The engine as the worker loop sees it (``worker.engine_like.EngineLike``), run in
+    a child process (see the module docs)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        level = logging.getLogger().level
+        self._process = context.Process(
+            target=serve, args=(config, child, level), name="tokenq-engine", daemon=True
+        )
+        self._process.start()
+        child.close()
+        try:
+            first = self._conn.recv()
+        except (EOFError, OSError) as e:
+            self._process.join(5)
+            raise EngineProcessDied(
+                f"the engine process exited (code {self._process.exitcode}) before it loaded "
+                "the model"
+            ) from e
+        if isinstance(first, Failed):
+            self._process.join(30)
+            raise ModelLoadError(first.reason) if first.load_error else RuntimeError(first.reason)
+        loaded: Loaded = first
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(loaded.tokenizer_dir)
+        shutil.rmtree(loaded.tokenizer_dir, ignore_errors=True)
+        self.config = loaded.config
+        self.device = loaded.device
+        self.vocab_size = loaded.vocab_size
+        self.max_model_len = loaded.max_model_len
+        self.embedding_size = loaded.embedding_size
+        self.kv_cache_budget_bytes = loaded.kv_cache_budget_bytes
+        self._loaded = loaded
+        self._unfinished: dict[str, bool] = {}  # request id -> resumed mid-answer
+        self._stats: dict[str, float] = {}
+        self._warm: list[str] = []
+        self._loras: list[str] = []
+
+    # What admission needs: the tokenizer, here in the worker's process.
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return encode_text(self.tokenizer, prompt, add_special_tokens=True)
+
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        return encode_chat(self.tokenizer, messages, tools, template_kwargs)
+
+    def add_request(self, req: EngineRequest) -> None:
+        """Sent to the engine; a refusal comes back as the request's final output."""
+        self._send(("add", req))
+        self._unfinished[req.request_id] = req.resumed
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        self._send(("abort", request_id, reason))
+
+    def step(self) -> list[RequestOutput]:
+        """What the engine's steps produced since the last call, waiting up to
+        ``STEP_WAIT_S`` for the next one when none has come yet."""
+        if not self._unfinished or not self._poll(STEP_WAIT_S):
+            return []
+        outputs: list[RequestOutput] = []
+        while True:
+            stepped: Stepped = self._recv()
+            outputs += stepped.outputs
+            self._stats = stepped.stats
+            if stepped.warm is not None:
+                self._warm = stepped.warm
+            if stepped.loras is not None:
+                self._loras = stepped.loras
+            if not self._poll(0):
+                break
+        for out in outputs:
+            if out.finish_reason is not None:
+                self._unfinished.pop(out.request_id, None)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._unfinished)
+
+    def num_free_slots(self, resumed: bool = False) -> int:
+        """As ``Engine.num_free_slots``, counting what was sent and has not finished.
+        The loop asks before every claim, busy or idle: a child found dead here stops
+        the worker before it claims what it could not run."""
+        if not self._process.is_alive():
+            raise self._died()
+        capacity = self._loaded.max_num_seqs + self.config.num_lookahead_slots
+        if resumed:
+            capacity += self._loaded.max_num_resumed_seqs
+            return max(0, capacity - len(self._unfinished))
+        return max(0, capacity - sum(not r for r in self._unfinished.values()))
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats)
+
+    def resident_loras(self) -> list[str]:
+        return list(self._loras)
+
+    def lora_rank_limit(self) -> int:
+        return self._loaded.lora_rank_limit
+
+    def warm_fingerprints(self, limit: int) -> list[str]:
+        return self._warm[:limit]
+
+    def limits(self, guided: bool) -> ModelLimits:
+        return ModelLimits(
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            embedding_size=self.embedding_size,
+            guided=guided,
+        )
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the child once it has finished the step it runs."""
+        with contextlib.suppress(OSError, ValueError):
+            self._conn.send(None)
+        self._process.join(timeout_s)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+    def _send(self, message: Any) -> None:
+        try:
+            self._conn.send(message)
+        except (OSError, ValueError) as e:
+            raise self._died() from e
+
+    def _poll(self, timeout_s: float) -> bool:
+        try:
+            return self._conn.poll(timeout_s)
+        except (OSError, ValueError) as e:
+            raise self._died() from e
+
+    def _recv(self) -> Any:
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError) as e:
+            raise self._died() from e
+
+    def _died(self) -> EngineProcessDied:
+        self._process.join(1)
+        return EngineProcessDied(f"the engine process exited (code {self._process.exitcode})")
+
+
+def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
+    """The child: load the engine, say so, then step it as long as the worker lives."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _exit_with_parent()
+    # The worker drains on SIGINT/SIGTERM; this process stops when the worker says so.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from worker.engine import Engine
+    from worker.model_store import resolve_model
+
+    try:
+        engine = Engine(replace(config, model=str(resolve_model(config.model))))
+    except Exception as e:
+        load_error = isinstance(e, ModelLoadError)
+        conn.send(Failed(str(e) if load_error else f"{type(e).__name__}: {e}", load_error))
+        return
+    tokenizer_dir = tempfile.mkdtemp(prefix="tokenq-tokenizer-")
+    engine.tokenizer.save_pretrained(tokenizer_dir)
+    conn.send(
+        Loaded(
+            config=engine.config,
+            device=engine.device,
+            tokenizer_dir=tokenizer_dir,
+            vocab_size=engine.vocab_size,
+            max_model_len=engine.max_model_len,
+            embedding_size=engine.embedding_size,
+            kv_cache_budget_bytes=engine.kv_cache_budget_bytes,
+            lora_rank_limit=engine.lora_rank_limit(),
+            max_num_seqs=engine.scheduler.max_num_seqs,
+            max_num_resumed_seqs=engine.scheduler.max_num_resumed_seqs,
+        )
+    )
+    with contextlib.suppress(EOFError, OSError):  # the worker is gone
+        _loop(engine, conn)
+
+
+def _loop(engine: Any, conn: Connection) -> None:
+    refused: list[RequestOutput] = []
+    slow_at = 0.0
+    while True:
+        busy = engine.has_unfinished_requests() or refused
+        if conn.poll(0 if busy else IDLE_WAIT_S):
+            while True:
+                message = conn.recv()
+                if message is None:
+                    return
+                refusal = _apply(engine, message)
+                if refusal is not None:
+                    refused.append(refusal)
+                if not conn.poll(0):
+                    break
+        if not (engine.has_unfinished_requests() or refused):
+            continue
+        outputs = refused + (engine.step() if engine.has_unfinished_requests() else [])
+        refused = []
+        now = time.monotonic()
+        warm = loras = None
+        if now - slow_at > SLOW_FIGURES_EVERY_S:
+            warm, loras, slow_at = engine.warm_fingerprints(MAX_WARM), engine.resident_loras(), now
+        if outputs or warm is not None:
+            conn.send(Stepped(outputs, engine.stats(), warm, loras))
+
+
+def _apply(engine: Any, message: tuple[Any, ...]) -> RequestOutput | None:
+    """Act on one message of the worker's; a request the engine refuses gives its final."""
+    if message[0] == "abort":
+        engine.abort_request(message[1], message[2])
+        return None
+    req: EngineRequest = message[1]
+    try:
+        engine.add_request(req)
+    except ValueError as e:  # the engine or its grammar refused it
+        log.warning("request %s cannot run: %r", req.request_id, e)
+        return _refusal(req, f"cannot run this request: {e}")
+    except Exception as e:  # the engine's own failure, still this request's alone
+        log.warning("request %s failed at admission: %r", req.request_id, e)
+        return _refusal(req, f"internal error: at admission: {e!r}")
+    return None
+
+
+def _refusal(req: EngineRequest, error: str) -> RequestOutput:
+    return RequestOutput(
+        request_id=req.request_id,
+        index=len(req.output_token_ids),
+        new_token_ids=[],
+        text="",
+        finish_reason=FinishReason.ERROR,
+        logprobs=None,
+        num_prompt_tokens=len(req.prompt_token_ids),
+        num_output_tokens=len(req.output_token_ids),
+        error=error,
+    )
+
+
+def _exit_with_parent() -> None:
+    """Have Linux kill this process when the worker dies (SIGKILL included)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
