@@ -8,6 +8,7 @@ timing runs from the first submit to the last final event. The same requests the
     python bench/through_redis.py [--workload bench/workloads/mixed200.jsonl]
     python bench/through_redis.py --device cuda --repeat 10   # 2,000 requests on a GPU
     python bench/through_redis.py --timed-forward-ms 4.3 --max-num-seqs 256 --repeat 10
+    python bench/through_redis.py ... --engine-process both   # the worker each way
 
 ``--timed-forward-ms`` runs both on the timed forward (``EngineConfig.timed_forward_ms``:
 a wait that leaves the host free, as a GPU's forward does, everything else real), so
@@ -244,8 +245,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--engine-process",
-        action="store_true",
-        help="the worker runs its engine in a child process (tokenq worker --engine-process)",
+        choices=("off", "on", "both"),
+        default="off",
+        help="the worker's engine in a child process (tokenq worker --engine-process); "
+        "both: a worker each way, back to back, against the same engine-alone figure",
     )
     args = parser.parse_args()
     rows = load(args.workload) * args.repeat
@@ -263,11 +266,37 @@ def main() -> None:
     if args.async_scheduling is not None:
         extra["async_scheduling"] = args.async_scheduling
         flags += ["--async-scheduling" if args.async_scheduling else "--no-async-scheduling"]
-    if args.engine_process:
-        flags += ["--engine-process"]
     alone = engine_alone(rows, args.device, extra)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.engine_process]
+    runs = [worker_run(args.device, rows, (*flags, *(["--engine-process"] * p))) for p in modes]
+    print(f"workload: {args.workload.name} ({len(rows)} requests, {runs[0].num_tokens} new tokens)")
+    if args.timed_forward_ms is not None:
+        print(f"timed forward: {args.timed_forward_ms:g} ms a step (no model compute)")
+    print(f"engine alone:         {alone:7.1f} tok/s")
+    for in_child, run in zip(modes, runs, strict=True):
+        how = "the engine in a child process" if in_child else "one process"
+        print(
+            f"through Redis ({how}): {run.tokens_per_s:7.1f} tok/s = "
+            f"{run.tokens_per_s / alone:.2f}x engine alone (goal >= 0.95 on the CPU, 0.9 on a GPU)"
+        )
+        print(
+            f"    worker peak RSS {run.rss_mib:.0f} MiB{' (its child not counted)' * in_child}; "
+            f"KV cache {run.kv_cache_mib} MiB"
+        )
+
+
+@dataclass(frozen=True)
+class Served:
+    tokens_per_s: float
+    num_tokens: int
+    rss_mib: float
+    kv_cache_mib: str
+
+
+def worker_run(device: str, rows: list[dict[str, Any]], flags: tuple[str, ...]) -> Served:
+    """A `tokenq worker` with ``flags`` against its own redis-server, every request at once."""
     server = EmbeddedRedis().start()
-    worker = start_worker(server.url, args.device, flags=tuple(flags))
+    worker = start_worker(server.url, device, flags=flags)
     try:
         info = wait_ready(redis.Redis.from_url(server.url), Settings(redis_url=server.url))
         rate, tokens = through_redis(server.url, rows, DEFAULT_MODEL)
@@ -276,18 +305,7 @@ def main() -> None:
         worker.terminate()
         worker.wait(timeout=120)
         server.stop()
-    print(f"workload: {args.workload.name} ({len(rows)} requests, {tokens} new tokens)")
-    if args.engine_process:
-        print("the worker's engine in a child process (its RSS not counted below)")
-    if args.timed_forward_ms is not None:
-        print(f"timed forward: {args.timed_forward_ms:g} ms a step (no model compute)")
-    print(f"engine alone:         {alone:7.1f} tok/s")
-    ratio = rate / alone
-    print(
-        f"through Redis:        {rate:7.1f} tok/s  = {ratio:.2f}x engine alone "
-        "(goal >= 0.95 on the CPU, 0.9 on a GPU)"
-    )
-    print(f"worker peak RSS:      {rss:7.0f} MiB;  KV cache: {info.get('kv_cache_mib', '?')} MiB")
+    return Served(rate, tokens, rss, info.get("kv_cache_mib", "?"))
 
 
 if __name__ == "__main__":

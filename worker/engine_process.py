@@ -30,8 +30,9 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from multiprocessing.connection import Connection
+from operator import attrgetter
 from typing import Any
 
 from shared.limits import ModelLimits
@@ -76,11 +77,17 @@ class Failed:
     load_error: bool  # a ModelLoadError: the worker prints it in one line
 
 
+# A step's outputs cross the pipe as tuples of their fields: pickling 256 of them
+# takes ~45 µs against ~280 µs as dataclass instances, on the engine's side.
+OUTPUT_FIELDS = attrgetter(*(f.name for f in fields(RequestOutput)))
+
+
 @dataclass(frozen=True)
 class Stepped:
-    """One step's outputs, the engine's figures, and now and then the slow ones."""
+    """One step's outputs (``OUTPUT_FIELDS`` each), the engine's figures, and now and
+    then the slow ones."""
 
-    outputs: list[RequestOutput]
+    outputs: list[tuple[Any, ...]]
     stats: dict[str, float]
     warm: list[str] | None = None
     loras: list[str] | None = None
@@ -159,7 +166,7 @@ class EngineProcess:
         outputs: list[RequestOutput] = []
         while True:
             stepped: Stepped = self._recv()
-            outputs += stepped.outputs
+            outputs += [RequestOutput(*row) for row in stepped.outputs]
             self._stats = stepped.stats
             if stepped.warm is not None:
                 self._warm = stepped.warm
@@ -300,7 +307,8 @@ def _loop(engine: Any, conn: Connection) -> None:
         if now - slow_at > SLOW_FIGURES_EVERY_S:
             warm, loras, slow_at = engine.warm_fingerprints(MAX_WARM), engine.resident_loras(), now
         if outputs or warm is not None:
-            conn.send(Stepped(outputs, engine.stats(), warm, loras))
+            rows = [OUTPUT_FIELDS(out) for out in outputs]
+            conn.send(Stepped(rows, engine.stats(), warm, loras))
 
 
 def _apply(engine: Any, message: tuple[Any, ...]) -> RequestOutput | None:

@@ -62,14 +62,15 @@ export PYTHONUNBUFFERED=1
 
 # name, time limit in seconds, command (the GPU figures: the engine against its
 # graph-replay ceiling at 256 sequences, asynchronous (the default) and not;
-# generate_batch; critical TTFT saturated against idle; through Redis against the engine;
+# generate_batch; critical TTFT saturated against idle; through Redis against the engine,
+# the worker in one process and with its engine in a child process;
 # greedy agreement on mixed32 with top-2 gaps; a Qwen3-shaped model against its own
 # graph ceiling)
 steps=(
   "engine|150|$py bench/engine.py --device $dev --repeat $repeat --skip-static"
   "engine-sync|60|$py bench/engine.py --device $dev --repeat $repeat --skip-priority --skip-static --skip-generate-batch --no-async-scheduling"
   "cuda-tests|150|$py -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests/worker/engine"
-  "through-redis|100|$py bench/through_redis.py --device $dev --repeat $repeat --max-num-seqs 256"
+  "through-redis|150|$py bench/through_redis.py --device $dev --repeat $repeat --max-num-seqs 256 --engine-process both"
   "families|150|$py bench/families.py --device $dev --families llama,qwen3 --repeat $repeat"
   "greedy|90|$py bench/greedy_agreement.py --device $dev"
 )
