@@ -9,6 +9,12 @@ from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
 
+class EngineGone(RuntimeError):
+    """The engine itself is gone (its process died): no request's fault. Admission lets
+    it through, and the worker stops; the leases it held lapse and other workers
+    resume its requests."""
+
+
 class EngineLike(Protocol):
     """What the loop needs of an engine: the real one or the simulation."""
 

@@ -26,9 +26,12 @@ import contextlib
 import ctypes
 import logging
 import multiprocessing
+import os
+import queue
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, fields, replace
 from multiprocessing.connection import Connection
@@ -42,6 +45,7 @@ from worker.engine.errors import ModelLoadError
 from worker.engine.outputs import RequestOutput
 from worker.engine.prompt_tokens import encode_chat, encode_text
 from worker.engine.request import EngineRequest
+from worker.engine_like import EngineGone
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,10 @@ log = logging.getLogger(__name__)
 STEP_WAIT_S = 0.05
 # How long an idle child waits for a message before it looks again.
 IDLE_WAIT_S = 0.1
+# The most steps the child runs ahead of what the worker has read: as in one process
+# (``worker.service.MAX_STEPS_WRITING``), a cancel or a lost lease takes effect within
+# a few steps, and a worker held up by Redis holds the engine back.
+MAX_STEPS_AHEAD = 16
 # The figures the heartbeat reads every few seconds go with a step at most this often.
 SLOW_FIGURES_EVERY_S = 0.5
 MAX_WARM = 256
@@ -93,7 +101,7 @@ class Stepped:
     loras: list[str] | None = None
 
 
-class EngineProcessDied(RuntimeError):
+class EngineProcessDied(EngineGone):
     pass
 
 
@@ -106,26 +114,21 @@ class EngineProcess:
         self._conn, child = context.Pipe()
         level = logging.getLogger().level
         self._process = context.Process(
-            target=serve, args=(config, child, level), name="tokenq-engine", daemon=True
+            target=serve,
+            args=(config, child, level, os.getpid()),
+            name="tokenq-engine",
+            daemon=True,
         )
         self._process.start()
         child.close()
         try:
-            first = self._conn.recv()
-        except (EOFError, OSError) as e:
-            self._process.join(5)
-            raise EngineProcessDied(
-                f"the engine process exited (code {self._process.exitcode}) before it loaded "
-                "the model"
-            ) from e
-        if isinstance(first, Failed):
-            self._process.join(30)
-            raise ModelLoadError(first.reason) if first.load_error else RuntimeError(first.reason)
-        loaded: Loaded = first
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(loaded.tokenizer_dir)
-        shutil.rmtree(loaded.tokenizer_dir, ignore_errors=True)
+            loaded = self._loaded_engine()
+            self.tokenizer = _tokenizer(loaded)
+        except BaseException:  # a failed load, or Ctrl-C meanwhile: no child left behind
+            self._process.kill()
+            self._process.join()
+            self._conn.close()
+            raise
         self.config = loaded.config
         self.device = loaded.device
         self.vocab_size = loaded.vocab_size
@@ -137,6 +140,21 @@ class EngineProcess:
         self._stats: dict[str, float] = {}
         self._warm: list[str] = []
         self._loras: list[str] = []
+
+    def _loaded_engine(self) -> Loaded:
+        """What the child says once it has loaded the model; raises what it failed with."""
+        try:
+            first = self._conn.recv()
+        except (EOFError, OSError) as e:
+            self._process.join(5)
+            raise EngineProcessDied(
+                f"the engine process exited (code {self._process.exitcode}) before it loaded "
+                "the model"
+            ) from e
+        if isinstance(first, Failed):
+            raise ModelLoadError(first.reason) if first.load_error else RuntimeError(first.reason)
+        loaded: Loaded = first
+        return loaded
 
     # What admission needs: the tokenizer, here in the worker's process.
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -164,8 +182,10 @@ class EngineProcess:
         if not self._unfinished or not self._poll(STEP_WAIT_S):
             return []
         outputs: list[RequestOutput] = []
+        num_read = 0
         while True:
             stepped: Stepped = self._recv()
+            num_read += 1
             outputs += [RequestOutput(*row) for row in stepped.outputs]
             self._stats = stepped.stats
             if stepped.warm is not None:
@@ -174,6 +194,7 @@ class EngineProcess:
                 self._loras = stepped.loras
             if not self._poll(0):
                 break
+        self._send(("read", num_read))  # the child may run that many more steps
         for out in outputs:
             if out.finish_reason is not None:
                 self._unfinished.pop(out.request_id, None)
@@ -215,14 +236,15 @@ class EngineProcess:
         )
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the child once it has finished the step it runs."""
+        """Stop the child once it has finished the step it runs (its pipe closed, so
+        that a step it is sending ends it too)."""
         with contextlib.suppress(OSError, ValueError):
             self._conn.send(None)
+        self._conn.close()
         self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
-        self._conn.close()
 
     def _send(self, message: Any) -> None:
         try:
@@ -243,14 +265,26 @@ class EngineProcess:
             raise self._died() from e
 
     def _died(self) -> EngineProcessDied:
-        self._process.join(1)
+        self._process.join(5)
         return EngineProcessDied(f"the engine process exited (code {self._process.exitcode})")
 
 
-def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
+def _tokenizer(loaded: Loaded) -> Any:
+    """The worker's copy of the engine's tokenizer, from where the child saved it."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(
+            loaded.tokenizer_dir, trust_remote_code=loaded.config.trust_remote_code
+        )
+    finally:
+        shutil.rmtree(loaded.tokenizer_dir, ignore_errors=True)
+
+
+def serve(config: EngineConfig, conn: Connection, log_level: int, parent_pid: int) -> None:
     """The child: load the engine, say so, then step it as long as the worker lives."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _exit_with_parent()
+    _exit_with_parent(parent_pid)
     # The worker drains on SIGINT/SIGTERM; this process stops when the worker says so.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -284,23 +318,33 @@ def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
 
 
 def _loop(engine: Any, conn: Connection) -> None:
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    reader = threading.Thread(target=_read, args=(conn, inbox), name="tokenq-engine-inbox")
+    reader.daemon = True
+    reader.start()
     refused: list[RequestOutput] = []
     slow_at = 0.0
+    unread = 0  # steps sent that the worker has not said it read
     while True:
-        busy = engine.has_unfinished_requests() or refused
-        if conn.poll(0 if busy else IDLE_WAIT_S):
+        can_step = unread < MAX_STEPS_AHEAD and engine.has_unfinished_requests()
+        try:
+            message = inbox.get_nowait() if can_step or refused else inbox.get(timeout=IDLE_WAIT_S)
             while True:
-                message = conn.recv()
                 if message is None:
                     return
-                refusal = _apply(engine, message)
-                if refusal is not None:
-                    refused.append(refusal)
-                if not conn.poll(0):
-                    break
-        if not (engine.has_unfinished_requests() or refused):
+                if message[0] == "read":
+                    unread -= message[1]
+                else:
+                    refusal = _apply(engine, message)
+                    if refusal is not None:
+                        refused.append(refusal)
+                message = inbox.get_nowait()
+        except queue.Empty:
+            pass
+        can_step = unread < MAX_STEPS_AHEAD and engine.has_unfinished_requests()
+        if not (can_step or refused):
             continue
-        outputs = refused + (engine.step() if engine.has_unfinished_requests() else [])
+        outputs = refused + (engine.step() if can_step else [])
         refused = []
         now = time.monotonic()
         warm = loras = None
@@ -309,6 +353,18 @@ def _loop(engine: Any, conn: Connection) -> None:
         if outputs or warm is not None:
             rows = [OUTPUT_FIELDS(out) for out in outputs]
             conn.send(Stepped(rows, engine.stats(), warm, loras))
+            unread += 1
+
+
+def _read(conn: Connection, inbox: queue.SimpleQueue[Any]) -> None:
+    """Everything the worker sends, read as it comes: a step's outputs may fill the
+    pipe while the worker is sending, and neither side must then wait on the other.
+    The pipe's end reads as a stop."""
+    try:
+        while True:
+            inbox.put(conn.recv())
+    except (EOFError, OSError):
+        inbox.put(None)
 
 
 def _apply(engine: Any, message: tuple[Any, ...]) -> RequestOutput | None:
@@ -342,7 +398,10 @@ def _refusal(req: EngineRequest, error: str) -> RequestOutput:
     )
 
 
-def _exit_with_parent() -> None:
-    """Have Linux kill this process when the worker dies (SIGKILL included)."""
+def _exit_with_parent(parent_pid: int) -> None:
+    """Have Linux kill this process when the worker dies (SIGKILL included); a worker
+    gone before that was set leaves it nothing to serve."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(0)

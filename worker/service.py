@@ -25,7 +25,7 @@ from shared.settings import Settings
 from worker.admission import engine_request, restore
 from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
-from worker.engine_like import EngineLike
+from worker.engine_like import EngineGone, EngineLike
 from worker.held import Handoffs, Held
 from worker.metrics import WorkerMetrics
 from worker.prefix_cuts import PrefixCuts
@@ -349,7 +349,7 @@ class WorkerService:
             return
         try:
             self.engine.add_request(engine_request(self.engine, self.queue, held, self.prefix_cuts))
-        except REDIS_ERRORS:
+        except (*REDIS_ERRORS, EngineGone):
             raise  # not the request's fault: its lease lapses and it runs again
         except ValueError as e:  # the engine, its chat template or its grammar refused it
             log.warning("request %s cannot run: %r", held.request_id, e)

@@ -75,6 +75,7 @@ def test_its_streams_equal_the_in_process_engine_and_a_cancel_ends_its_request(
 ) -> None:
     worker = start_worker("--engine-process", env=FAULT_ENV)
     serving(real_redis, worker)
+    engine_child(worker.pid)  # the engine runs beside the worker, not in it
     client = Client(connection=real_redis)
     long = client.submit("Write a long story.", max_tokens=2000, temperature=0.0, ignore_eos=True)
     ids = submit(client, BODIES)
@@ -89,6 +90,22 @@ def test_its_streams_equal_the_in_process_engine_and_a_cancel_ends_its_request(
     assert result.finish_reason is FinishReason.CANCELLED
     assert 0 < result.usage.completion_tokens < 2000
     assert worker.poll() is None
+
+
+def test_sigterm_drains_what_it_holds_and_stops_its_engine_process(
+    real_redis: redis.Redis, start_worker: WorkerFactory
+) -> None:
+    worker = start_worker("--engine-process", env=FAULT_ENV)
+    serving(real_redis, worker)
+    children = descendants(worker.pid)
+    client = Client(connection=real_redis)
+    ids = submit(client, BODIES)
+    wait_for(lambda: real_redis.xlen(Keys().stream(ids[0])) > 0, 120, "no tokens streamed")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0
+    for request_id in ids:  # short answers: drained, not handed back
+        assert client.handle(request_id).result(timeout=5).finish_reason is FinishReason.LENGTH
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 20, "orphan")
 
 
 def test_the_engine_process_goes_with_its_worker(

@@ -20,6 +20,7 @@ from shared.usage import last_hours, read_usage
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.engine.outputs import RequestOutput
+from worker.engine_like import EngineGone
 from worker.service import WorkerService
 
 MODEL = "m"
@@ -181,6 +182,27 @@ def test_a_redis_error_while_admitting_holds_nothing_and_the_request_comes_back(
     assert service.held_leases() == {}  # no lease kept alive for a request that never runs
     assert engine.added == []
     monkeypatch.undo()
+    time.sleep(0.15)
+    reaped = reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "w2")
+    assert reaped is not None and reaped.requeued == 1
+    assert h.status().state is RequestState.QUEUED
+
+
+def test_an_engine_gone_at_admission_ends_no_request_and_the_request_comes_back(
+    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _, engine = setup
+    settings = Settings(lease_ms=100)
+    service = lockstep(WorkerService(engine, fake_redis, settings, MODEL, "w2"))
+    h = client.submit("p", model=MODEL, max_tokens=2)
+
+    def gone(req: object) -> None:
+        raise EngineGone("the engine process exited (code -9)")
+
+    monkeypatch.setattr(engine, "add_request", gone)
+    with pytest.raises(EngineGone):
+        service.intake()  # not "internal error: at admission" on the request
+    assert service.held_leases() == {}
     time.sleep(0.15)
     reaped = reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "w2")
     assert reaped is not None and reaped.requeued == 1
