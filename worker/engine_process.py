@@ -216,7 +216,12 @@ class EngineProcess:
         return max(0, capacity - sum(not r for r in self._unfinished.values()))
 
     def stats(self) -> dict[str, float]:
-        return dict(self._stats)
+        """The engine's figures as its last step sent them; none running or waiting
+        once everything sent has finished (an idle child sends nothing)."""
+        stats = dict(self._stats)
+        if not self._unfinished:
+            stats.update(running=0, waiting=0)
+        return stats
 
     def resident_loras(self) -> list[str]:
         return list(self._loras)

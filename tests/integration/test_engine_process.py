@@ -8,8 +8,10 @@ engine's error as in one process (``test_hostile_requests.py`` runs both ways)."
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 import redis
 
 from producer.client import Client
+from producer.embedded import free_port
 from shared.keys import Keys
 from shared.models import FinishReason
 from shared.settings import DEFAULT_MODEL
@@ -61,6 +64,11 @@ def engine_child(worker_pid: int) -> int:
     return child
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
+
+
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     give_up = time.monotonic() + timeout_s
     while not condition():
@@ -73,7 +81,9 @@ def test_its_streams_equal_the_in_process_engine_and_a_cancel_ends_its_request(
     start_worker: WorkerFactory,
     reference: Callable[[list[dict[str, object]]], list[list[int]]],
 ) -> None:
-    worker = start_worker("--engine-process", env=FAULT_ENV)
+    port = free_port()
+    env = {**FAULT_ENV, "TOKENQ_WORKER_METRICS_PORT": str(port)}
+    worker = start_worker("--engine-process", env=env)
     serving(real_redis, worker)
     engine_child(worker.pid)  # the engine runs beside the worker, not in it
     client = Client(connection=real_redis)
@@ -90,6 +100,11 @@ def test_its_streams_equal_the_in_process_engine_and_a_cancel_ends_its_request(
     assert result.finish_reason is FinishReason.CANCELLED
     assert 0 < result.usage.completion_tokens < 2000
     assert worker.poll() is None
+    # The engine's figures cross the pipe to the worker's metrics; idle, it runs nothing.
+    label = f'{{model="{DEFAULT_MODEL}"}}'
+    wait_for(lambda: f"tokenq:num_requests_running{label} 0.0" in scrape(port), 10, "still running")
+    queried = re.search(rf"tokenq:prefix_cache_queries_total{re.escape(label)} (\S+)", scrape(port))
+    assert queried is not None and float(queried.group(1)) > 0
 
 
 def test_sigterm_drains_what_it_holds_and_stops_its_engine_process(
