@@ -35,7 +35,8 @@
 -- worker (KEYS[13..]) is left to that peer within the same bound, even when that leaves
 -- the worker's room unfilled: computing its prefix here would evict one this worker
 -- serves. What the worker takes is added to its warm set at once. Resumed requests are
--- never passed over, and with no warm match on any worker the claim is the plain one above.
+-- never passed over. With no warm match on any worker, a worker that knows no peer claims
+-- plainly, as above; one beside peers takes cold requests with their siblings.
 -- Returns {{id, lease token, '1' if taken for a warm match else '', ...} for each leased
 -- request, {ids taken off as malformed}}.
 local max_rank = tonumber(ARGV[3])
@@ -223,10 +224,13 @@ end
 -- The order to take new work in: the window's due requests, then this worker's warm
 -- matches, then the window's cold ones (classify), then the plain picks past the window
 -- (a lower priority), unless one of the window's is left to a peer: then those wait, so
--- that priority is never crossed.
+-- that priority is never crossed. With nothing warm anywhere the plain order stands for
+-- a worker alone; beside peers, cold siblings still come together, so that workers
+-- starting cold split the prefixes between them (each claim's warm_up tells the next
+-- claim whose they are) instead of each computing every prefix its look-ahead reaches.
 local function affinity_order(window, plain, now)
   local warm, elsewhere, cold = classify(window)
-  if #warm == 0 and next(elsewhere) == nil then return nil end
+  if #warm == 0 and next(elsewhere) == nil and #KEYS < FIRST_PEER then return nil end
   local order, is_due, in_window, held, theirs = {}, {}, {}, false, {}
   -- Due ones a peer holds warm come after the other due ones: that peer may claim them.
   for n, pass in ipairs(hmget_all(KEYS[12], window)) do

@@ -67,9 +67,12 @@ def test_claims_by_affinity_keep_every_output_exact(
             assert result.finish_reason is FinishReason.LENGTH
             assert list(result.token_ids) == reference
     assert off.figures.affinity_claims == 0 and on.figures.affinity_claims > 0
-    # Since claims leave a peer's warm prefixes to it and take cold ones with their
-    # siblings, two runs here (one at load 8) measured hit rate 0.18-0.19 -> 0.56 and
-    # 12,064-12,224 -> 6,512 prompt tokens computed; the bounds leave room for timing.
+    # Claims leave a peer's warm prefixes to it and take cold ones with their siblings,
+    # from the first claim on: three runs here measured hit rate 0.29 -> 0.66-0.72 and
+    # 10,560 -> 4,176-5,024 prompt tokens computed. Before the first claims grouped cold
+    # siblings, one worker's look-ahead took six prefixes at once, its peer was left
+    # the seventh, and runs measured 0.16-0.36; the bounds fail that and leave room for
+    # timing.
     assert on.figures.hit_rate >= off.figures.hit_rate + 0.15
     assert on.figures.computed_tokens <= 0.8 * off.figures.computed_tokens
     print(

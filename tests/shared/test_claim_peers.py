@@ -124,6 +124,20 @@ def test_cold_requests_come_with_their_siblings(client: Client) -> None:
     assert ids(claim(client, 1, worker="peer")) == [tax.id]
 
 
+def test_workers_starting_cold_split_the_prefixes_between_them(client: Client) -> None:
+    asked = {(s, n): ask(client, s, f"question {n}") for n in range(2) for s in ("tax", "law")}
+    # Nothing warm anywhere: each takes one prefix with its sibling, where the plain
+    # claim would give each worker both prefixes to compute.
+    tax, law = [[asked[s, n].id for n in range(2)] for s in ("tax", "law")]
+    assert ids(claim(client, 2, worker="a", peers=("b",))) == tax
+    assert ids(claim(client, 2, worker="b", peers=("a",))) == law
+
+
+def test_a_worker_alone_with_nothing_warm_claims_in_queue_order(client: Client) -> None:
+    asked = [ask(client, s, f"question {n}") for n in range(2) for s in ("tax", "law")]
+    assert ids(claim(client, 2)) == [h.id for h in asked[:2]]
+
+
 def test_due_requests_a_peer_holds_come_after_the_other_due_ones(client: Client) -> None:
     theirs = ask(client, "tax", "due, the peer's")
     cold = ask(client, "law", "due, cold")
