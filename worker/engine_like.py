@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from shared.models import FinishReason
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
+log = logging.getLogger(__name__)
+
 
 class EngineGone(RuntimeError):
     """The engine itself is gone (its process died): no request's fault. Admission lets
     it through, and the worker stops; the leases it held lapse and other workers
     resume its requests."""
+
+
+def admission_error(request_id: str, e: Exception) -> str:
+    """What a request ends with when the engine would not take it (logged here): its
+    own fault (a ValueError from the engine, its chat template or its grammar), or
+    the worker's failure on it."""
+    if isinstance(e, ValueError):
+        log.warning("request %s cannot run: %r", request_id, e)
+        return f"cannot run this request: {e}"
+    log.warning("request %s failed at admission: %r", request_id, e)
+    return f"internal error: at admission: {e!r}"
 
 
 class EngineLike(Protocol):

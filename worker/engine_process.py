@@ -43,9 +43,9 @@ from shared.models import FinishReason
 from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
 from worker.engine.outputs import RequestOutput
-from worker.engine.prompt_tokens import encode_chat, encode_text
+from worker.engine.prompt_tokens import TokenizerPrompts
 from worker.engine.request import EngineRequest
-from worker.engine_like import EngineGone
+from worker.engine_like import EngineGone, admission_error
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,10 @@ class EngineProcessDied(EngineGone):
     pass
 
 
-class EngineProcess:
+class EngineProcess(TokenizerPrompts):
     """The engine as the worker loop sees it (``worker.engine_like.EngineLike``), run in
-    a child process (see the module docs)."""
+    a child process (see the module docs); admission's tokenizer is here, in the
+    worker's process."""
 
     def __init__(self, config: EngineConfig) -> None:
         context = multiprocessing.get_context("spawn")
@@ -155,18 +156,6 @@ class EngineProcess:
             raise ModelLoadError(first.reason) if first.load_error else RuntimeError(first.reason)
         loaded: Loaded = first
         return loaded
-
-    # What admission needs: the tokenizer, here in the worker's process.
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return encode_text(self.tokenizer, prompt, add_special_tokens=True)
-
-    def encode_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> list[int]:
-        return encode_chat(self.tokenizer, messages, tools, template_kwargs)
 
     def add_request(self, req: EngineRequest) -> None:
         """Sent to the engine; a refusal comes back as the request's final output."""
@@ -380,12 +369,8 @@ def _apply(engine: Any, message: tuple[Any, ...]) -> RequestOutput | None:
     req: EngineRequest = message[1]
     try:
         engine.add_request(req)
-    except ValueError as e:  # the engine or its grammar refused it
-        log.warning("request %s cannot run: %r", req.request_id, e)
-        return _refusal(req, f"cannot run this request: {e}")
-    except Exception as e:  # the engine's own failure, still this request's alone
-        log.warning("request %s failed at admission: %r", req.request_id, e)
-        return _refusal(req, f"internal error: at admission: {e!r}")
+    except Exception as e:  # the engine or its grammar refused it, or failed on it
+        return _refusal(req, admission_error(req.request_id, e))
     return None
 
 

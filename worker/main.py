@@ -122,50 +122,26 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     if settings.worker_metrics_port is not None:
         serve_http(settings.worker_metrics_port, metrics, readiness)
     engine = _load(config, opts.engine_process, loading, connection, settings, model_name)
-    serving = Serving(settings, opts, model_name, worker_id, guided, started)
     try:
-        _serve(serving, engine, connection, metrics, readiness)
+        service = WorkerService(
+            engine, connection, settings, model_name, worker_id, metrics, guided
+        )
+        heartbeat = start_heartbeat(service, engine)
+        readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
+        _install_signal_handlers(service)
+        freeze_startup_objects()
+        ready_s = time.monotonic() - started
+        log.info("worker %s serving %r (ready in %.1fs)", worker_id, model_name, ready_s)
+        try:
+            service.run(burst=opts.burst)
+            service.drain(settings.drain_timeout_s)
+        finally:
+            heartbeat.stop()
+            service.close()
     finally:
         if isinstance(engine, EngineProcess):
             engine.close()  # whatever ended the worker: no engine process left behind
-
-
-@dataclass(frozen=True)
-class Serving:
-    """What the worker serves with, once its engine is loaded."""
-
-    settings: Settings
-    opts: WorkerOptions
-    model_name: str
-    worker_id: str
-    guided: bool
-    started_s: float  # time.monotonic() at start
-
-
-def _serve(
-    serving: Serving,
-    engine: Engine | SimEngine | EngineProcess,
-    connection: Any,
-    metrics: WorkerMetrics,
-    readiness: Readiness,
-) -> None:
-    s = serving
-    service = WorkerService(
-        engine, connection, s.settings, s.model_name, s.worker_id, metrics, s.guided
-    )
-    heartbeat = start_heartbeat(service, engine)
-    readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
-    _install_signal_handlers(service)
-    freeze_startup_objects()
-    ready_s = time.monotonic() - s.started_s
-    log.info("worker %s serving %r (ready in %.1fs)", s.worker_id, s.model_name, ready_s)
-    try:
-        service.run(burst=s.opts.burst)
-        service.drain(s.settings.drain_timeout_s)
-    finally:
-        heartbeat.stop()
-        service.close()
-    log.info("worker %s stopped", service.worker_id)
+    log.info("worker %s stopped", worker_id)
 
 
 def _load(

@@ -25,7 +25,7 @@ from shared.settings import Settings
 from worker.admission import engine_request, restore
 from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
-from worker.engine_like import EngineGone, EngineLike
+from worker.engine_like import EngineGone, EngineLike, admission_error
 from worker.held import Handoffs, Held
 from worker.metrics import WorkerMetrics
 from worker.prefix_cuts import PrefixCuts
@@ -351,13 +351,8 @@ class WorkerService:
             self.engine.add_request(engine_request(self.engine, self.queue, held, self.prefix_cuts))
         except (*REDIS_ERRORS, EngineGone):
             raise  # not the request's fault: its lease lapses and it runs again
-        except ValueError as e:  # the engine, its chat template or its grammar refused it
-            log.warning("request %s cannot run: %r", held.request_id, e)
-            self._end_now(held, FinishReason.ERROR, f"cannot run this request: {e}")
-            return
-        except Exception as e:  # the worker's own failure, still this request's alone
-            log.warning("request %s failed at admission: %r", held.request_id, e)
-            self._end_now(held, FinishReason.ERROR, f"internal error: at admission: {e!r}")
+        except Exception as e:  # refused, or the worker's failure: this request's alone
+            self._end_now(held, FinishReason.ERROR, admission_error(held.request_id, e))
             return
         with self.held_lock:
             self.held[held.request_id] = held

@@ -10,7 +10,7 @@ import fakeredis
 import pytest
 import redis
 
-from producer.client import Client
+from producer.client import Client, Handle
 from shared.keys import Keys, model_tag, new_request_id
 from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
 from shared.reaper import reap_once
@@ -182,7 +182,13 @@ def test_a_redis_error_while_admitting_holds_nothing_and_the_request_comes_back(
     assert service.held_leases() == {}  # no lease kept alive for a request that never runs
     assert engine.added == []
     monkeypatch.undo()
-    time.sleep(0.15)
+    assert_back_in_the_queue_once_its_lease_lapses(fake_redis, settings, h)
+
+
+def assert_back_in_the_queue_once_its_lease_lapses(
+    fake_redis: fakeredis.FakeRedis, settings: Settings, h: Handle
+) -> None:
+    time.sleep(settings.lease_ms / 1000 * 1.5)
     reaped = reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "w2")
     assert reaped is not None and reaped.requeued == 1
     assert h.status().state is RequestState.QUEUED
@@ -203,10 +209,7 @@ def test_an_engine_gone_at_admission_ends_no_request_and_the_request_comes_back(
     with pytest.raises(EngineGone):
         service.intake()  # not "internal error: at admission" on the request
     assert service.held_leases() == {}
-    time.sleep(0.15)
-    reaped = reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "w2")
-    assert reaped is not None and reaped.requeued == 1
-    assert h.status().state is RequestState.QUEUED
+    assert_back_in_the_queue_once_its_lease_lapses(fake_redis, settings, h)
 
 
 def _raise_connection_error(*args: object, **kwargs: object) -> None:

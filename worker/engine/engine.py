@@ -23,7 +23,7 @@ from worker.engine.model_runner import ModelRunner, pick_device
 from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import InFlight
 from worker.engine.pooling import Pooler
-from worker.engine.prompt_tokens import encode_chat, encode_text
+from worker.engine.prompt_tokens import TokenizerPrompts
 from worker.engine.request import EngineRequest, SeqStatus, Sequence
 from worker.engine.runner_support import device_broken
 from worker.engine.scheduler import Scheduler
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 COMPILE_WAIT_S = 0.05
 
 
-class Engine:
+class Engine(TokenizerPrompts):
     """Continuous batching over a transformers causal LM; see the package docs."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -122,18 +122,6 @@ class Engine:
         state_bytes = 0 if slots is None else slots.num_slots * self.runner.state_bytes_per_seq
         block_bytes = self.kv_cache.block_size * self.runner.kv_bytes_per_token
         return self.kv_cache.num_blocks * block_bytes + state_bytes
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return encode_text(self.tokenizer, prompt, add_special_tokens=True)
-
-    def encode_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> list[int]:
-        """The chat prompt's tokens (``encode_chat``, below)."""
-        return encode_chat(self.tokenizer, messages, tools, template_kwargs)
 
     def add_request(self, req: EngineRequest) -> None:
         """Queue ``req`` for the next steps; raises ``ValueError`` when it cannot run.

@@ -42,3 +42,22 @@ def encode_text(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int
         return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
     ids: list[int] = backend.encode(text, add_special_tokens=add_special_tokens).ids
     return ids
+
+
+class TokenizerPrompts:
+    """``encode_prompt`` and ``encode_chat`` through ``self.tokenizer``: the engine's,
+    and the worker's copy when the engine runs in a process of its own."""
+
+    tokenizer: Any
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return encode_text(self.tokenizer, prompt, add_special_tokens=True)
+
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The chat prompt's tokens (``encode_chat``, above)."""
+        return encode_chat(self.tokenizer, messages, tools, template_kwargs)

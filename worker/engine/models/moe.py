@@ -72,7 +72,7 @@ class SparseMoe:
         order = flat.argsort(stable=True)
         rows = order // self.top_k  # the token of each (token, expert) pair, by expert
         if self.packed is not None:
-            out = self._packed_experts(self.packed, x[rows], flat)
+            out = self._run_packed(self.packed, x[rows], flat)
             return self._combine(x, out, rows, order, weights)
         # Counted by scatter, not bincount, whose output size needs a host sync on CUDA.
         counts = flat.new_zeros(self.num_experts).index_add_(0, flat, torch.ones_like(flat))
@@ -88,7 +88,7 @@ class SparseMoe:
         )
         return self._combine(x, out, rows, order, weights)
 
-    def _packed_experts(
+    def _run_packed(
         self, packed: list[tuple[Projection, Projection]], pairs: torch.Tensor, flat: torch.Tensor
     ) -> torch.Tensor:
         """Each expert's projections on its rows of ``pairs`` (sorted by expert)."""
