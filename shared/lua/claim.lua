@@ -35,8 +35,8 @@
 -- worker (KEYS[13..]) is left to that peer within the same bound, even when that leaves
 -- the worker's room unfilled: computing its prefix here would evict one this worker
 -- serves. What the worker takes is added to its warm set at once. Resumed requests are
--- never passed over. With no warm match on any worker, a worker that knows no peer claims
--- plainly, as above; one beside peers takes cold requests with their siblings.
+-- never passed over. With no warm match on any worker, cold requests still come with
+-- their siblings; requests with no fingerprint (short prompts) keep queue order.
 -- Returns {{id, lease token, '1' if taken for a warm match else '', ...} for each leased
 -- request, {ids taken off as malformed}}.
 local max_rank = tonumber(ARGV[3])
@@ -224,13 +224,12 @@ end
 -- The order to take new work in: the window's due requests, then this worker's warm
 -- matches, then the window's cold ones (classify), then the plain picks past the window
 -- (a lower priority), unless one of the window's is left to a peer: then those wait, so
--- that priority is never crossed. With nothing warm anywhere the plain order stands for
--- a worker alone; beside peers, cold siblings still come together, so that workers
--- starting cold split the prefixes between them (each claim's warm_up tells the next
--- claim whose they are) instead of each computing every prefix its look-ahead reaches.
+-- that priority is never crossed. With nothing warm anywhere, cold siblings still come
+-- together, so that workers starting cold split the prefixes between them (each claim's
+-- warm_up tells the next claim whose they are, whether or not the claimer has learnt of
+-- its peers yet) instead of each computing every prefix its look-ahead reaches.
 local function affinity_order(window, plain, now)
   local warm, elsewhere, cold = classify(window)
-  if #warm == 0 and next(elsewhere) == nil and #KEYS < FIRST_PEER then return nil end
   local order, is_due, in_window, held, theirs = {}, {}, {}, false, {}
   -- Due ones a peer holds warm come after the other due ones: that peer may claim them.
   for n, pass in ipairs(hmget_all(KEYS[12], window)) do
@@ -263,12 +262,10 @@ local function prefer_warm()
     table.insert(score_of[id] >= FRESH_OFFSET and plain or resumed, id)
   end
   if #plain == 0 or tonumber(ARGV[9]) <= 0 then return end
-  if #KEYS < FIRST_PEER and redis.call('SCARD', KEYS[11]) == 0 then return end
   local window = window_ids()
   if #window == 0 then return end
   local now = now_ms()
   local order, in_window = affinity_order(window, plain, now)
-  if not order then return end
   local chosen, was_plain = {}, {}
   for _, id in ipairs(plain) do was_plain[id] = true end
   picked = {unpack(resumed)}

@@ -130,13 +130,15 @@ def test_a_passed_over_request_is_taken_after_its_bound_in_time(client: Client) 
     assert ids(drive(Scripts(client.redis), flow)) == [cold.id]
 
 
-def test_with_no_warm_match_or_affinity_off_the_claim_is_the_plain_one(client: Client) -> None:
+def test_with_no_warm_match_siblings_come_together_and_off_keeps_queue_order(
+    client: Client,
+) -> None:
     handles = [ask(client, s, "q") for s in ("law", "tax", "cook", "law")]
     warm(client, "w", ["0123456789abcdef"])  # warm, but for nothing queued
-    assert ids(claim(client, 2)) == [handles[0].id, handles[1].id]
-    warm(client, "w", [system_fingerprint(client, handles[3])])
-    assert ids(claim(client, 1, window=0)) == [handles[2].id]  # off: queue order
-    assert client.redis.hlen(KEYS.passes(TAG)) == 0
+    assert ids(claim(client, 2)) == [handles[0].id, handles[3].id]
+    warm(client, "w", [system_fingerprint(client, handles[2])])
+    assert ids(claim(client, 1, window=0)) == [handles[1].id]  # off: queue order
+    assert client.redis.hlen(KEYS.passes(TAG)) == 0  # the one pass went with its claim
 
 
 def test_a_dead_workers_warm_set_stops_counting(client: Client) -> None:

@@ -133,9 +133,19 @@ def test_workers_starting_cold_split_the_prefixes_between_them(client: Client) -
     assert ids(claim(client, 2, worker="b", peers=("a",))) == law
 
 
-def test_a_worker_alone_with_nothing_warm_claims_in_queue_order(client: Client) -> None:
+def test_a_worker_that_knows_no_peer_yet_takes_cold_siblings_together(client: Client) -> None:
+    # A worker's first claims may come before its heartbeat has learnt of its peers:
+    # its look-ahead still starts one prefix, not one of each, and what it takes is
+    # warm for it at once, so a peer's claim leaves the siblings' prefix alone.
     asked = [ask(client, s, f"question {n}") for n in range(2) for s in ("tax", "law")]
-    assert ids(claim(client, 2)) == [h.id for h in asked[:2]]
+    assert ids(claim(client, 2, worker="a")) == [asked[0].id, asked[2].id]
+    assert ids(claim(client, 2, worker="b")) == [asked[1].id, asked[3].id]
+
+
+def test_requests_with_no_shared_prefix_keep_queue_order(client: Client) -> None:
+    asked = [client.submit(prompt=f"short prompt {n}") for n in range(4)]
+    assert ids(claim(client, 3, peers=("peer",))) == [h.id for h in asked[:3]]
+    assert client.redis.hlen(KEYS.passes(TAG)) == 0
 
 
 def test_due_requests_a_peer_holds_come_after_the_other_due_ones(client: Client) -> None:
