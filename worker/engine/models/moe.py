@@ -59,7 +59,7 @@ class SparseMoe:
         if self.rule is Router.TOPK_SOFTMAX:
             top, chosen = torch.topk(logits, self.top_k, dim=-1)
             return torch.softmax(top, dim=1, dtype=top.dtype), chosen
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        probs = _softmax_rows(logits)
         top, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             top = top / top.sum(dim=-1, keepdim=True)
@@ -72,7 +72,7 @@ class SparseMoe:
         order = flat.argsort(stable=True)
         rows = order // self.top_k  # the token of each (token, expert) pair, by expert
         if self.packed is not None:
-            out = self._run_packed(self.packed, x[rows], flat)
+            out = self._run_packed(self.packed, x.index_select(0, rows), flat)
             return self._combine(x, out, rows, order, weights)
         # Counted by scatter, not bincount, whose output size needs a host sync on CUDA.
         counts = flat.new_zeros(self.num_experts).index_add_(0, flat, torch.ones_like(flat))
@@ -108,7 +108,7 @@ class SparseMoe:
         weights: torch.Tensor,
     ) -> torch.Tensor:
         """The experts' rows weighted and summed back into their tokens."""
-        out = out.float() * weights.flatten()[order, None].float()
+        out = out.float() * weights.flatten().index_select(0, order)[:, None].float()
         return torch.zeros_like(x).index_add_(0, rows, out.to(x.dtype))
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -120,6 +120,17 @@ class SparseMoe:
         assert self.act is not None
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act(gate) * up  # type: ignore[no-any-return]
+
+
+def _softmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``softmax(logits, dim=-1)`` in float32 over ``[tokens, experts]``, taken over the
+    transposed tensor's first dim on the CPU: the CPU kernel runs one row at a time
+    along a short last dim (8 experts: 209 us for 2,048 tokens) and vectorizes across
+    a long one (23 us), for the same values within a float32 rounding."""
+    logits = logits.float()
+    if logits.device.type != "cpu":
+        return torch.softmax(logits, dim=-1)
+    return torch.softmax(logits.t(), dim=0).t()
 
 
 def _in_out(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
