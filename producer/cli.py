@@ -73,7 +73,8 @@ def worker(
     async_scheduling: Annotated[
         bool | None,
         typer.Option(
-            help="schedule the next step while one runs (off: wait for each step); default: on"
+            help="schedule the next step while one runs (off: wait for each step); default: on "
+            "on CUDA and the timed forward, off on the CPU's own forward"
         ),
     ] = None,
     timed_forward_ms: Annotated[

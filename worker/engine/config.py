@@ -46,8 +46,9 @@ class EngineConfig:
 
     With ``async_scheduling`` the host schedules step N+1, builds its inputs and
     post-processes step N-1 while step N runs; sampled ids feed the next step on the
-    device (``worker.engine.overlap``). It is on unless set off: on an H200 it gave
-    1.45x the synchronous engine's tokens/s (figures in the README).
+    device (``worker.engine.overlap``). On CUDA and the timed forward it is on unless
+    set off (on an H200 it gave 1.45x the synchronous engine's tokens/s, figures in the
+    README); on the CPU's own forward it is off unless set on (``CPU_DEFAULTS``).
     ``timed_forward_ms`` replaces the model's forward with a wait of that long that
     does not hold the GIL and returns deterministic token ids, everything else real:
     a device-like forward on the CPU, for benchmarks and tests of the host's share of
@@ -129,8 +130,12 @@ class EngineConfig:
             raise ValueError(f"aging_interval_s must be above 0, got {self.aging_interval_s}")
 
     def for_device(self, device_type: str) -> EngineConfig:
-        """This config with each setting left at ``None`` filled in for ``device_type``."""
+        """This config with each setting left at ``None`` filled in for ``device_type``.
+        The CPU schedules asynchronously only on the timed forward, which stands for a
+        device's (see ``CPU_DEFAULTS``)."""
         defaults = CUDA_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS
+        if device_type != "cuda" and self.timed_forward_ms is not None:
+            defaults = {**defaults, "async_scheduling": True}
         unset = {name: value for name, value in defaults.items() if getattr(self, name) is None}
         return replace(self, **unset)
 
@@ -151,8 +156,12 @@ class EngineConfig:
         return share
 
 
+# The CPU's own forward computes on the cores the host's work needs: run on an executor
+# thread beside the loop (asynchronous scheduling), its OpenMP team and the loop
+# thread's spin on the same two cores, and the default model gave 335-346 tok/s
+# against 471-506 synchronous (bench/engine.py --quick, 2 cores, two runs each).
 CPU_DEFAULTS: dict[str, Any] = {
-    "async_scheduling": True,
+    "async_scheduling": False,
     "max_num_seqs": 64,
     "max_num_batched_tokens": 512,
     "kv_cache_share": 0.3,

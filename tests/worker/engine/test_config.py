@@ -55,10 +55,13 @@ def test_a_gpu_gets_gpu_defaults_and_what_the_operator_set_stays() -> None:
     assert EngineConfig(model="m").for_device("cuda").max_num_seqs == 256
 
 
-def test_asynchronous_scheduling_is_on_on_every_device_unless_set_off() -> None:
-    """On an H200 the asynchronous engine gave 1.45x the synchronous one's tokens/s."""
-    assert EngineConfig(model="m").for_device("cpu").async_scheduling is True
+def test_asynchronous_scheduling_is_on_where_a_device_computes_unless_set_off() -> None:
+    """On an H200 the asynchronous engine gave 1.45x the synchronous one's tokens/s; on
+    the CPU's own forward, which computes on the host's cores, about 0.7x."""
     assert EngineConfig(model="m").for_device("cuda").async_scheduling is True
+    assert EngineConfig(model="m", timed_forward_ms=2.0).for_device("cpu").async_scheduling is True
+    assert EngineConfig(model="m").for_device("cpu").async_scheduling is False
+    assert EngineConfig(model="m", async_scheduling=True).for_device("cpu").async_scheduling
     chosen = EngineConfig(model="m", async_scheduling=False).for_device("cuda")
     assert chosen.async_scheduling is False
 
