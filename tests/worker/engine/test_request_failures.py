@@ -158,10 +158,10 @@ def test_a_step_that_fails_for_no_one_request_ends_its_requests_and_the_worker_s
     run_step = ModelRunner.run_step  # a step's forward and sampling, either scheduling
     calls = iter(range(1_000))
 
-    def failing(self: ModelRunner, *args: Any) -> Any:
+    def failing(self: ModelRunner, *args: Any, **kwargs: Any) -> Any:
         if next(calls) == 1:
             raise Boom("the whole step")
-        return run_step(self, *args)
+        return run_step(self, *args, **kwargs)
 
     monkeypatch.setattr(ModelRunner, "run_step", failing)
     handles = [submit(client, p) for p in PROMPTS]
