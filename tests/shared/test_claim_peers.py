@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from producer.client import Client
 from shared.keys import Keys
 from shared.ops.claim import AFFINITY_MAX_PASSES
@@ -124,22 +126,19 @@ def test_cold_requests_come_with_their_siblings(client: Client) -> None:
     assert ids(claim(client, 1, worker="peer")) == [tax.id]
 
 
-def test_workers_starting_cold_split_the_prefixes_between_them(client: Client) -> None:
-    asked = {(s, n): ask(client, s, f"question {n}") for n in range(2) for s in ("tax", "law")}
+@pytest.mark.parametrize("know_each_other", [True, False])
+def test_workers_starting_cold_split_the_prefixes_between_them(
+    client: Client, know_each_other: bool
+) -> None:
     # Nothing warm anywhere: each takes one prefix with its sibling, where the plain
-    # claim would give each worker both prefixes to compute.
+    # claim would give each worker both prefixes to compute; so too before a worker's
+    # heartbeat has named its peers to it (its first claims may come first): what it
+    # takes is warm for it at once, and a peer's claim leaves those siblings alone.
+    asked = {(s, n): ask(client, s, f"question {n}") for n in range(2) for s in ("tax", "law")}
     tax, law = [[asked[s, n].id for n in range(2)] for s in ("tax", "law")]
-    assert ids(claim(client, 2, worker="a", peers=("b",))) == tax
-    assert ids(claim(client, 2, worker="b", peers=("a",))) == law
-
-
-def test_a_worker_that_knows_no_peer_yet_takes_cold_siblings_together(client: Client) -> None:
-    # A worker's first claims may come before its heartbeat has learnt of its peers:
-    # its look-ahead still starts one prefix, not one of each, and what it takes is
-    # warm for it at once, so a peer's claim leaves the siblings' prefix alone.
-    asked = [ask(client, s, f"question {n}") for n in range(2) for s in ("tax", "law")]
-    assert ids(claim(client, 2, worker="a")) == [asked[0].id, asked[2].id]
-    assert ids(claim(client, 2, worker="b")) == [asked[1].id, asked[3].id]
+    peers_of = {"a": ("b",), "b": ("a",)} if know_each_other else {"a": (), "b": ()}
+    assert ids(claim(client, 2, worker="a", peers=peers_of["a"])) == tax
+    assert ids(claim(client, 2, worker="b", peers=peers_of["b"])) == law
 
 
 def test_requests_with_no_shared_prefix_keep_queue_order(client: Client) -> None:
