@@ -40,6 +40,11 @@ IDLE_WAIT_S = 0.5
 REDIS_ERRORS = (*UNREACHABLE, ReplicationTimeout)
 # Engine steps a write may overlap before the loop waits for Redis to acknowledge it.
 MAX_STEPS_WRITING = 4
+# While the batch and its look-ahead are full, a claim can bring only a request resumed
+# mid-answer (into the rows kept for those): rare, so the loop looks for one this often
+# rather than at every step, where each look would be a round trip for nothing, and the
+# claimer's Python time beside the engine's.
+RESUMED_POLL_S = 0.2
 
 
 class WorkerService:
@@ -82,6 +87,7 @@ class WorkerService:
         # Claims go out from this thread while the engine computes (see ``intake``).
         self.claimer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-claim")
         self.claiming: futures.Future[list[Claimed]] | None = None
+        self.next_resumed_poll_s = 0.0  # with no room for new work, claims wait till then
         self._rate = (0, time.monotonic())  # tokens and when, at the last figures
         self.handoffs = Handoffs()  # dropped while the engine ran them; claimed again
         self.prefix_cuts = PrefixCuts(engine) if settings.prefix_affinity else None
@@ -302,13 +308,21 @@ class WorkerService:
         Requests put back after their worker died come first in the queue, and a
         client is reading each of them mid-answer: they are claimed into the rows the
         engine keeps for them even when its batch is full of new work, so their
-        streams go silent for about one lease, not until a row frees up somewhere."""
+        streams go silent for about one lease, not until a row frees up somewhere. While
+        there is room for nothing else, the loop looks for them every ``RESUMED_POLL_S``
+        rather than at every step."""
         claimed = self._claimed(wait=not self.engine.has_unfinished_requests())
         self._admit_all(claimed)
         room = self.engine.num_free_slots(resumed=True)
         if self.claiming is not None or room <= 0 or self.stopping.is_set():
             return len(claimed)
-        args = (room, self.engine.num_free_slots(), self.engine.lora_rank_limit(), self.guided)
+        free = self.engine.num_free_slots()
+        if free == 0:
+            now_s = self.coalescer.clock()
+            if now_s < self.next_resumed_poll_s:
+                return len(claimed)
+            self.next_resumed_poll_s = now_s + RESUMED_POLL_S
+        args = (room, free, self.engine.lora_rank_limit(), self.guided)
         if self.overlap_redis and self.engine.has_unfinished_requests():
             self.claiming = self.claimer.submit(self.queue.claim, *args)
             return len(claimed)

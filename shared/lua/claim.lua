@@ -252,6 +252,12 @@ local function affinity_order(window, plain, now)
 end
 
 local by_affinity = {}  -- id -> true: taken for a warm match where the plain claim would not
+-- Affinity has nothing to go on while no queued request has a fingerprint (short plain
+-- prompts) and none has been passed over: then the claim is the plain one, without
+-- reading the window, and there is nothing to warm up or clear. Two O(1) reads instead
+-- of the window's.
+local traced = tonumber(ARGV[9]) > 0
+  and (redis.call('HLEN', KEYS[10]) > 0 or redis.call('HLEN', KEYS[12]) > 0)
 
 -- Reorder the new picks by affinity_order, as many as the plain claim took at most (fewer
 -- when what is left is a peer's). Those the plain claim would have taken and this one
@@ -261,7 +267,7 @@ local function prefer_warm()
   for _, id in ipairs(picked) do
     table.insert(score_of[id] >= FRESH_OFFSET and plain or resumed, id)
   end
-  if #plain == 0 or tonumber(ARGV[9]) <= 0 then return end
+  if #plain == 0 or not traced then return end
   local window = window_ids()
   if #window == 0 then return end
   local now = now_ms()
@@ -299,13 +305,15 @@ end
 
 prefer_warm()
 if #picked == 0 then return {{}, malformed} end
-if tonumber(ARGV[9]) > 0 then warm_up(picked) end
+if traced then warm_up(picked) end
 
 -- Lease what is picked, in one command per key. An id held under a lease is already
 -- someone's: its queue entry is a stale hint, dropped without a lease.
 call_chunked('ZREM', KEYS[1], picked)
-call_chunked('HDEL', KEYS[10], picked)
-call_chunked('HDEL', KEYS[12], picked)
+if traced or tonumber(ARGV[9]) <= 0 then
+  call_chunked('HDEL', KEYS[10], picked)
+  call_chunked('HDEL', KEYS[12], picked)
+end
 local owners = hmget_all(KEYS[3], picked)
 local leased = {}
 for n, id in ipairs(picked) do

@@ -21,7 +21,7 @@ from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.engine.outputs import RequestOutput
 from worker.engine_like import EngineGone
-from worker.service import WorkerService
+from worker.service import RESUMED_POLL_S, WorkerService
 
 MODEL = "m"
 
@@ -336,6 +336,53 @@ def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     busy.run(burst=True)
     events = [e.event for e in resumed.stream() if isinstance(e.event, TokenEvent)]
     assert [e.index for e in events] == [0, 1, 2, 3, 4]
+
+
+def test_a_full_worker_looks_for_resumed_requests_once_a_poll_not_at_every_step(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """With no room for new work only a resumed request could come of a claim: the
+    loop looks every RESUMED_POLL_S, and a request resumed meanwhile comes at the next."""
+    settings = Settings(publish_coalesce_ms=0)
+    serve(fake_redis, MODEL)
+    client = Client(connection=fake_redis, settings=settings)
+    dying = lockstep(
+        WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
+    )
+    resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
+    dying.iterate()
+    dying.iterate()  # it streamed a token, then "dies"
+    busy = lockstep(
+        WorkerService(
+            ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1), fake_redis, settings,
+            MODEL, "w1",
+        )
+    )  # fmt: skip
+    now = [1_000.0]
+    busy.coalescer.clock = lambda: now[0]
+    claims: list[int] = []
+    claim = busy.queue.claim
+
+    def counted(room: int, free: int, *args: Any) -> Any:
+        claims.append(free)
+        return claim(room, free, *args)
+
+    busy.queue.claim = counted  # type: ignore[method-assign, assignment]
+    for i in range(4):
+        client.submit(f"n {i}", model=MODEL, max_tokens=50)
+    busy.iterate()  # full of new work now
+    assert claims == [2]
+    for _ in range(5):
+        busy.iterate()
+    assert claims == [2, 0]  # one look for resumed work in all those steps
+    fake_redis.zadd(Keys().leases(model_tag(MODEL)), {resumed.id: 0})
+    reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "reaper")
+    busy.iterate()
+    assert resumed.status().worker is None  # the next look is not due yet
+    now[0] += RESUMED_POLL_S
+    busy.iterate()
+    assert claims == [2, 0, 0]
+    assert resumed.status().worker == "w1"
 
 
 def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
