@@ -65,21 +65,24 @@ def token_logprobs(event: TokenEvent) -> list[TokenLogprob]:
 
 
 def _step_logprobs(event: TokenEvent) -> list[TokenLogprob]:
-    """A step's per-token logprobs; a token's text is known alone only when the step
-    produced one token, else it reads ``token_id:<id>`` (as vLLM's option does)."""
+    """A step's per-token logprobs, each token named by its text and bytes as the
+    worker decoded it alone. Entries from a worker that did not name them: the step's
+    text for its own token when the step produced one, else ``token_id:<id>`` (as
+    vLLM's option reads)."""
     single = len(event.token_ids) == 1
 
-    def name(token_id: int) -> str:
-        return event.text if single and token_id == event.token_ids[0] else f"token_id:{token_id}"
+    def named(entry: dict[str, Any]) -> dict[str, Any]:
+        token_id = int(entry["token_id"])
+        token = entry.get("token")
+        if token is None:
+            if not (single and token_id == event.token_ids[0]):
+                return {"token": f"token_id:{token_id}", "logprob": entry["logprob"]}
+            token = event.text
+        raw = entry.get("bytes")
+        return {"token": token, "logprob": entry["logprob"],
+                "bytes": list(token.encode()) if raw is None else raw}  # fmt: skip
 
     return [
-        TokenLogprob(
-            token=name(int(e["token_id"])),
-            logprob=float(e["logprob"]),
-            top_logprobs=[
-                TopLogprob(token=name(int(t["token_id"])), logprob=t["logprob"])
-                for t in e.get("top", ())
-            ],
-        )
+        TokenLogprob(**named(e), top_logprobs=[TopLogprob(**named(t)) for t in e.get("top", ())])
         for e in event.logprobs or ()
     ]

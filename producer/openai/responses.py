@@ -24,7 +24,7 @@ class CompletionUsage(BaseModel):
 
 
 class TopLogprob(BaseModel):
-    token: str = Field(description="the token's text, or token_id:<id> when not known alone")
+    token: str = Field(description="the token's text decoded alone (token_id:<id> when not known)")
     logprob: float
     bytes: list[int] | None = None
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import Any, Protocol
 
 from tokenizers import decoders
@@ -52,6 +53,51 @@ class TokenTexts(dict[int, str]):
     def __missing__(self, token_id: int) -> str:
         text = self[token_id] = self._decode([token_id])
         return text
+
+
+class TokenNames(dict[int, tuple[str, list[int] | None]]):
+    """Each token as logprobs name it (OpenAI's ``token`` and ``bytes``): its text
+    decoded alone, special tokens included, and, where that text is not whole
+    characters (a byte-level token holding part of one, a byte-fallback token), the
+    token's own bytes, which a client joins with its neighbours'. Decoded once per id."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__()
+        self._tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = getattr(self._backend, "decoder", None)
+        self._byte_level = _byte_level_bytes() if _has_byte_level(decoder) else None
+
+    def __missing__(self, token_id: int) -> tuple[str, list[int] | None]:
+        decoded = self._tokenizer.decode([token_id], skip_special_tokens=False)
+        text = decoded if isinstance(decoded, str) else "".join(decoded)
+        raw = self._raw_bytes(token_id) if "\ufffd" in text else None
+        named = self[token_id] = (text, raw)
+        return named
+
+    def _raw_bytes(self, token_id: int) -> list[int] | None:
+        piece = None if self._backend is None else self._backend.id_to_token(token_id)
+        if piece is None:
+            return None
+        fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        if fallback is not None:
+            return [int(fallback.group(1), 16)]
+        if self._byte_level is not None and all(c in self._byte_level for c in piece):
+            return [self._byte_level[c] for c in piece]
+        return None
+
+
+def _has_byte_level(decoder: Any) -> bool:
+    """Whether ``decoder`` is byte-level, alone or within a sequence of decoders."""
+    return decoder is not None and "ByteLevel(" in repr(decoder)
+
+
+@cache
+def _byte_level_bytes() -> dict[str, int]:
+    """The byte-level alphabet's character -> the byte it stands for (GPT-2's)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}  # type: ignore[no-untyped-call]
 
 
 class IncrementalDetokenizer:

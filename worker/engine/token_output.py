@@ -15,6 +15,7 @@ from worker.engine.detokenizer import (
     IncrementalDetokenizer,
     StopStringMatcher,
     Tokenizer,
+    TokenNames,
     TokenTexts,
 )
 from worker.engine.outputs import RequestOutput
@@ -63,6 +64,7 @@ class TokenOutputs:
         self.max_model_len = max_model_len
         self.texts: dict[str, TextState] = {}
         self.token_texts = TokenTexts.of(tokenizer)
+        self.token_names = TokenNames(tokenizer)  # for logprobs, decoded as asked for
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.texts
@@ -103,10 +105,21 @@ class TokenOutputs:
             [token_id],
             text,
             reason,
-            None if logprobs is None else [logprobs],
+            None if logprobs is None else [self._named(logprobs)],
             seq.num_prompt_tokens,
             num_output_tokens,
         )
+
+    def _named(self, logprobs: dict[str, Any]) -> dict[str, Any]:
+        """``logprobs`` (the sampler's entry) with the text of its token and of each
+        alternative, and their bytes where the text is part of a character: the
+        producer side has no tokenizer to name them."""
+        for entry in (logprobs, *logprobs.get("top", ())):
+            text, raw = self.token_names[int(entry["token_id"])]
+            entry["token"] = text
+            if raw is not None:
+                entry["bytes"] = raw
+        return logprobs
 
 
 def _token_finish_reason(seq: Sequence, token_id: int, state: TextState) -> FinishReason | None:

@@ -297,7 +297,7 @@ def test_a_logprobs_lines_output_carries_its_streams_logprobs() -> None:
     ok, out = result_line(line, [result("r1", "hi", 1)], [stream])
     (entry,) = json.loads(out)["response"]["body"]["choices"][0]["logprobs"]["content"]
     assert ok and (entry["token"], entry["logprob"]) == ("hi", -0.25)
-    assert entry["top_logprobs"] == [{"token": "hi", "logprob": -0.25, "bytes": None}]
+    assert entry["top_logprobs"] == [{"token": "hi", "logprob": -0.25, "bytes": [104, 105]}]
 
 
 QWEN3 = ChatFeatures(tool_format="hermes", think=("<think>", "</think>"))

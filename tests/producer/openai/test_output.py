@@ -131,6 +131,25 @@ def test_n_choices_make_one_completion_with_indexes_and_summed_usage() -> None:
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (5, 4)
 
 
+def test_logprobs_carry_the_names_and_bytes_the_worker_gave_each_token() -> None:
+    """Each token and alternative by its text decoded alone; a part of a character by
+    its own bytes (the worker names both: this side has no tokenizer)."""
+    entry = {
+        "token_id": 5, "logprob": -0.5, "token": " \ufffd", "bytes": [32, 240, 159],
+        "top": [{"token_id": 5, "logprob": -0.5, "token": " \ufffd", "bytes": [32, 240, 159]},
+                {"token_id": 9, "logprob": -1.5, "token": " café"}],
+    }  # fmt: skip
+    event = TokenEvent(index=0, token_ids=(5,), text="", logprobs=(entry,))
+    r = Renderer("chat", "abc", "m")
+    r.add(parse_entry("0-0", {"e": dumps(event)}))
+    (reply,) = chat_completion([r], [STOP], want_logprobs=True).choices
+    assert reply.logprobs is not None and reply.logprobs.content is not None
+    (token,) = reply.logprobs.content
+    assert (token.token, token.bytes) == (" \ufffd", [32, 240, 159])
+    named = [(t.token, t.bytes) for t in token.top_logprobs]
+    assert named == [(" \ufffd", [32, 240, 159]), (" café", list(" café".encode()))]
+
+
 def test_logprobs_of_tokens_with_no_text_still_come_in_the_stream() -> None:
     r = Renderer("chat", "abc", "m")
     frames = r.token_chunk(_token(0, True, text="")) + r.final_chunks(STOP)

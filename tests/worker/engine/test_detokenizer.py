@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from worker.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher, TokenTexts
+from worker.engine.detokenizer import (
+    IncrementalDetokenizer,
+    StopStringMatcher,
+    TokenNames,
+    TokenTexts,
+)
 
 TEXTS = [
     "Party time 🎉🎉 with family 👨‍👩‍👧‍👦 and 🇯🇵 flags!",
@@ -25,6 +30,28 @@ def test_token_by_token_text_equals_a_full_decode(tokenizer: Any, text: str) -> 
     deltas = [detokenizer.add([token_id]) for token_id in ids]
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     assert not any("\ufffd" in d for d in deltas)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_logprob_names_are_each_tokens_text_and_their_bytes_join_to_the_text(
+    tokenizer: Any, text: str
+) -> None:
+    """A token that holds part of a character is named by its own bytes, which join
+    with its neighbours' into the text, as OpenAI's ``bytes`` do."""
+    names = TokenNames(tokenizer)
+    ids = tokenizer.encode(text)
+    joined = b""
+    for token_id in ids:
+        token, raw = names[token_id]
+        assert token == tokenizer.decode([token_id], skip_special_tokens=False)
+        assert (raw is None) == ("\ufffd" not in token)
+        joined += token.encode() if raw is None else bytes(raw)
+    assert joined.decode() == tokenizer.decode(ids)
+    assert any(names[i][1] for i in ids)  # the text has characters split over tokens
+
+
+def test_a_special_token_is_named_by_its_own_text(tokenizer: Any) -> None:
+    assert TokenNames(tokenizer)[tokenizer.eos_token_id] == (tokenizer.eos_token, None)
 
 
 def test_several_tokens_at_once(tokenizer: Any) -> None:

@@ -145,6 +145,15 @@ def test_logprobs_report_the_chosen_token_and_top_n(engine: Engine) -> None:
         assert entry["logprob"] <= 0.0
 
 
+def test_logprobs_name_the_token_and_each_alternative_as_decoded_alone(engine: Engine) -> None:
+    outputs = run_one(engine, make_request(chat(engine, "Hi!"), max_tokens=4, logprobs=3))
+    for out in outputs:
+        assert out.logprobs is not None
+        (entry,) = out.logprobs
+        for e in (entry, *entry["top"]):
+            assert e["token"] == engine.tokenizer.decode([e["token_id"]], skip_special_tokens=False)
+
+
 def test_abort_gives_one_final_output_and_nothing_after(engine: Engine) -> None:
     keep = make_request(chat(engine, "Describe a cat."), max_tokens=8, ignore_eos=True)
     gone = make_request(chat(engine, "Describe a dog."), max_tokens=8, ignore_eos=True)
