@@ -58,7 +58,9 @@ def authenticate(
 
 Caller = Annotated[Principal, Depends(authenticate)]
 # Routes anyone may call; every other route needs a key when keys are configured.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json"})
+PUBLIC_PATHS = frozenset(
+    {"/healthz", "/readyz", "/health", "/metrics", "/docs", "/redoc", "/openapi.json"}
+)
 
 
 def key_refusal(request: Request) -> Response | None:

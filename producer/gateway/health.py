@@ -27,8 +27,10 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Health, responses=error_responses(503))
+@router.get("/health", response_model=Health, responses=error_responses(503))
 async def readyz(backend: BackendDep) -> Health:
-    """Redis answers a PING."""
+    """Redis answers a PING. Also at ``/health``, where vLLM's load balancer checks
+    and probes look for a server that can take requests."""
     try:
         await backend.redis.ping()
     except redis.RedisError as e:

@@ -61,6 +61,7 @@ def test_health_needs_no_key(keyed_gateway: RunningGateway) -> None:
     with keyed_gateway.client() as http:
         assert http.get("/healthz").status_code == 200
         assert http.get("/readyz").status_code == 200
+        assert http.get("/health").status_code == 200
 
 
 OPS = {"Authorization": "Bearer sk-ops"}

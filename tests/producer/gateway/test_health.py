@@ -13,6 +13,7 @@ def test_healthz_readyz_and_metrics(gateway: RunningGateway) -> None:
     with gateway.client() as http:
         assert http.get("/healthz").json() == {"status": "ok"}
         assert http.get("/readyz").json() == {"status": "ready"}
+        assert http.get("/health").json() == {"status": "ready"}  # vLLM's probe path
         metrics = http.get("/metrics")
     assert metrics.status_code == 200
     assert "tokenq:gateway_open_streams" in metrics.text
@@ -24,9 +25,9 @@ def test_without_redis_readyz_and_submits_answer_503(redis_server: EmbeddedRedis
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     with ThreadedServer(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         assert http.get("/healthz").status_code == 200
-        ready = http.get("/readyz")
+        ready, health = http.get("/readyz"), http.get("/health")
         submit = http.post("/v1/chat/completions", json=chat)
-    assert (ready.status_code, submit.status_code) == (503, 503)
+    assert (ready.status_code, health.status_code, submit.status_code) == (503, 503, 503)
     assert submit.json()["error"]["code"] == "redis_unavailable"
 
 
