@@ -87,6 +87,9 @@ class WorkerService:
         # Claims go out from this thread while the engine computes (see ``intake``).
         self.claimer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-claim")
         self.claiming: futures.Future[list[Claimed]] | None = None
+        # What the claim in flight took (id -> lease token), from its return until the
+        # loop admits it: renewed with what is held (see ``_claim_in_flight``).
+        self.claimed: dict[str, str] = {}
         self.next_resumed_poll_s = 0.0  # with no room for new work, claims wait till then
         self._rate = (0, time.monotonic())  # tokens and when, at the last figures
         self.handoffs = Handoffs()  # dropped while the engine ran them; claimed again
@@ -161,6 +164,7 @@ class WorkerService:
         log.info("handed back %d request(s) to the queue", released)
         with self.held_lock:
             self.held.clear()
+            self.claimed.clear()
         return released
 
     def step(self) -> None:
@@ -301,9 +305,8 @@ class WorkerService:
         """Claim as many requests as the engine has room for; returns how many were
         admitted. While the engine has work, the claim goes out on its own thread beside
         the next step, and what it brings is admitted on the turn after: its round trips
-        never hold up the engine (a step is far shorter than a lease, so what it claimed
-        is held, its lease renewed, well before the lease could lapse). An idle engine
-        claims and admits at once.
+        never hold up the engine (its leases are renewed from the claim's return, should
+        the step under way outlast a lease). An idle engine claims and admits at once.
 
         Requests put back after their worker died come first in the queue, and a
         client is reading each of them mid-answer: they are claimed into the rows the
@@ -324,7 +327,7 @@ class WorkerService:
             self.next_resumed_poll_s = now_s + RESUMED_POLL_S
         args = (room, free, self.engine.lora_rank_limit(), self.guided)
         if self.overlap_redis and self.engine.has_unfinished_requests():
-            self.claiming = self.claimer.submit(self.queue.claim, *args)
+            self.claiming = self.claimer.submit(self._claim_in_flight, *args)
             return len(claimed)
         now = self.queue.claim(*args)
         self._admit_all(now)
@@ -339,10 +342,27 @@ class WorkerService:
         self.claiming = None
         return claim.result()
 
+    def _claim_in_flight(
+        self, room: int, free: int, max_lora_rank: int, guided: bool
+    ) -> list[Claimed]:
+        """A claim on the claimer thread. What it took is renewed by the heartbeat from
+        the moment it returns, though the loop admits it only after the step under way:
+        on a loaded host a step can outlast a lease, and a lease lapsed there would take
+        a request from a live worker (and an attempt with it) for nothing."""
+        claimed = self.queue.claim(room, free, max_lora_rank, guided)
+        with self.held_lock:
+            self.claimed.update({c.request_id: c.lease_token for c in claimed})
+        return claimed
+
     def _admit_all(self, claimed: list[Claimed]) -> None:
         self.metrics.on_claimed(sum(c.by_affinity for c in claimed))
-        for c in [*self.handoffs.ready(), *claimed]:
-            self._admit(c)
+        try:
+            for c in [*self.handoffs.ready(), *claimed]:
+                self._admit(c)
+        finally:  # admitted, ended or deferred: no longer the claim's to renew
+            with self.held_lock:
+                for c in claimed:
+                    self.claimed.pop(c.request_id, None)
 
     def _admit(self, claimed: Claimed) -> None:
         """Hand a claimed request to the engine. It is held (its lease renewed) only once
@@ -414,8 +434,10 @@ class WorkerService:
         return held is None or held.ending
 
     def held_leases(self) -> dict[str, str]:
+        """The leases to renew: what the engine runs, and what a claim brought that the
+        loop has not admitted yet."""
         with self.held_lock:
-            return {rid: h.lease_token for rid, h in self.held.items()}
+            return {**self.claimed, **{rid: h.lease_token for rid, h in self.held.items()}}
 
     def warm_fingerprints(self) -> list[str]:
         """The prefix fingerprints this worker holds warm, for the heartbeat to publish,

@@ -102,6 +102,37 @@ def test_a_claim_goes_out_beside_the_step_and_its_request_joins_on_the_turn_afte
     assert token_indexes(first) == list(range(20)) and token_indexes(second) == [0, 1, 2]
 
 
+def test_what_a_claim_brought_keeps_its_lease_while_a_long_step_runs(
+    setup: Any, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """The loop admits a claim's requests after the step under way; on a loaded host
+    that step can outlast a lease. The heartbeat renews them from the claim's return,
+    so the reaper does not take them (and an attempt) from a live worker."""
+    from shared.keys import Keys, model_tag
+    from shared.reaper import reap_once
+    from shared.scripts import Scripts
+    from worker.heartbeat import Heartbeat
+
+    client, service, engine = setup
+    first = client.submit("p", model=MODEL, max_tokens=20)
+    service.iterate()  # the engine was idle: claimed and admitted at once
+    second = client.submit("q", model=MODEL, max_tokens=3)
+    service.iterate()  # the claim goes out beside the step
+    claim = service.claiming
+    assert claim is not None
+    claim.result(timeout=5)
+    assert second.id not in engine.added  # not admitted before the loop's next turn
+    leases = Keys().leases(model_tag(MODEL))
+    fake_redis.zadd(leases, {second.id: 0})  # the step ran past its lease...
+    Heartbeat(service.queue, service, {"model": MODEL}).beat()  # ...but a beat came
+    reap_once(fake_redis, Scripts(fake_redis), service.settings, model_tag(MODEL), "reaper")
+    status = second.status()
+    assert status.state is RequestState.RUNNING and status.worker == "w1"
+    service.run(burst=True)
+    assert token_indexes(first) == list(range(20)) and token_indexes(second) == [0, 1, 2]
+    assert second.status().attempts == 1
+
+
 def test_a_claim_in_flight_when_the_worker_stops_is_handed_back(setup: Any) -> None:
     client, service, _engine = setup
     running = client.submit("p", model=MODEL, max_tokens=50)
