@@ -90,6 +90,11 @@ class Handoffs:
         self.deferred = [c for c in self.deferred if c.request_id in self.aborting]
         return ready
 
+    def leases(self) -> dict[str, str]:
+        """The deferred claims' leases (to renew while they wait), left on the list.
+        Read from the heartbeat's thread: a copy of the list, taken at once."""
+        return {c.request_id: c.lease_token for c in list(self.deferred)}
+
     def take_leases(self) -> dict[str, str]:
         """The deferred claims' leases (to hand back), taken off the list."""
         leases = {c.request_id: c.lease_token for c in self.deferred}

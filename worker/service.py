@@ -434,10 +434,11 @@ class WorkerService:
         return held is None or held.ending
 
     def held_leases(self) -> dict[str, str]:
-        """The leases to renew: what the engine runs, and what a claim brought that the
-        loop has not admitted yet."""
+        """The leases to renew: what the engine runs, what a claim brought that the loop
+        has not admitted yet, and claims waiting for the engine to let go of a run."""
         with self.held_lock:
-            return {**self.claimed, **{rid: h.lease_token for rid, h in self.held.items()}}
+            held = {rid: h.lease_token for rid, h in self.held.items()}
+            return {**self.claimed, **self.handoffs.leases(), **held}
 
     def warm_fingerprints(self) -> list[str]:
         """The prefix fingerprints this worker holds warm, for the heartbeat to publish,

@@ -385,6 +385,32 @@ def test_a_full_worker_looks_for_resumed_requests_once_a_poll_not_at_every_step(
     assert resumed.status().worker == "w1"
 
 
+def test_a_claim_waiting_for_its_engine_to_let_go_keeps_its_lease(
+    setup: Any, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """A request this worker handed back while its engine still ran it, and claimed
+    again before the engine let go, waits a step for the engine (``Handoffs``); its new
+    lease is renewed meanwhile, so the reaper does not take it from a live worker."""
+    from worker.heartbeat import Heartbeat
+
+    client, service, engine = setup
+    h = client.submit("p", model=MODEL, max_tokens=5)
+    service.iterate()  # claimed, admitted, t0 computed and written
+    token = service.held[h.id].lease_token
+    service.queue.release({h.id: token})  # back to the queue (a failover cut its tail, say)
+    service._drop(h.id)  # the engine ends this run at its next step
+    service.intake()  # claimed again at once, but it waits for the engine
+    assert h.id not in service.held and engine.added == [h.id]
+    assert h.status().worker == "w1"
+    fake_redis.zadd(Keys().leases(model_tag(MODEL)), {h.id: 0})  # the wait outlasts a lease
+    Heartbeat(service.queue, service, {"model": MODEL}).beat()
+    reap_once(fake_redis, Scripts(fake_redis), service.settings, model_tag(MODEL), "reaper")
+    assert h.status().state is RequestState.RUNNING and h.status().worker == "w1"
+    service.run(burst=True)
+    events = [e.event for e in h.stream() if isinstance(e.event, TokenEvent)]
+    assert [s.index for e in events for s in e.split()] == [0, 1, 2, 3, 4]
+
+
 def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
     fake_redis: fakeredis.FakeRedis,
 ) -> None:
