@@ -304,31 +304,42 @@ def test_an_operator_drain_order_stops_claims(setup: Any, fake_redis: fakeredis.
     assert service.intake() == 0
 
 
+def lapse_and_reap(fake_redis: fakeredis.FakeRedis, settings: Settings, ids: list[str]) -> None:
+    """The leases of ``ids`` lapse now, and the reaper runs once."""
+    fake_redis.zadd(Keys().leases(model_tag(MODEL)), dict.fromkeys(ids, 0))
+    reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "reaper")
+
+
+def streamed_then_left(client: Client, fake_redis: fakeredis.FakeRedis) -> Handle:
+    """A low-priority request a worker streamed a token of, then "died" holding."""
+    dying = lockstep(
+        WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, client.settings, MODEL, "w-dead")
+    )
+    resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
+    dying.iterate()  # claims it and computes a token
+    dying.iterate()  # streams it (while computing another), then "dies" (its lease lapses)
+    return resumed
+
+
+def worker_with_kept_rows(
+    fake_redis: fakeredis.FakeRedis, settings: Settings, num_kept: int
+) -> WorkerService:
+    """A worker of two rows, and ``num_kept`` more kept for resumed requests."""
+    engine = ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=num_kept)
+    return lockstep(WorkerService(engine, fake_redis, settings, MODEL, "w1"))
+
+
 def test_a_request_resumed_after_its_worker_died_is_claimed_by_a_full_worker(
     fake_redis: fakeredis.FakeRedis,
 ) -> None:
     settings = Settings(publish_coalesce_ms=0)
     serve(fake_redis, MODEL)
     client = Client(connection=fake_redis, settings=settings)
-    dying = lockstep(
-        WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
-    )
-    resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
-    dying.iterate()  # claims it and computes a token
-    dying.iterate()  # streams it (while computing another), then "dies" (its lease lapses)
-    busy = lockstep(
-        WorkerService(
-            ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1),
-            fake_redis,
-            settings,
-            MODEL,
-            "w1",
-        )
-    )
+    resumed = streamed_then_left(client, fake_redis)
+    busy = worker_with_kept_rows(fake_redis, settings, 1)
     fresh = [client.submit(f"n {i}", model=MODEL, max_tokens=5, priority="high") for i in range(4)]
     busy.iterate()  # full of new work now
-    fake_redis.zadd(Keys().leases(model_tag(MODEL)), {resumed.id: 0})
-    reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "reaper")
+    lapse_and_reap(fake_redis, settings, [resumed.id])
     assert resumed.status().position == 0  # ahead of the new, higher-priority work
     busy.iterate()
     assert resumed.status().worker == "w1"
@@ -346,18 +357,8 @@ def test_a_full_worker_looks_for_resumed_requests_once_a_poll_not_at_every_step(
     settings = Settings(publish_coalesce_ms=0)
     serve(fake_redis, MODEL)
     client = Client(connection=fake_redis, settings=settings)
-    dying = lockstep(
-        WorkerService(ScriptedEngine(max_num_seqs=1), fake_redis, settings, MODEL, "w-dead")
-    )
-    resumed = client.submit("p", model=MODEL, max_tokens=5, priority="low")
-    dying.iterate()
-    dying.iterate()  # it streamed a token, then "dies"
-    busy = lockstep(
-        WorkerService(
-            ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=1), fake_redis, settings,
-            MODEL, "w1",
-        )
-    )  # fmt: skip
+    resumed = streamed_then_left(client, fake_redis)
+    busy = worker_with_kept_rows(fake_redis, settings, 1)
     now = [1_000.0]
     busy.coalescer.clock = lambda: now[0]
     claims: list[int] = []
@@ -375,8 +376,7 @@ def test_a_full_worker_looks_for_resumed_requests_once_a_poll_not_at_every_step(
     for _ in range(5):
         busy.iterate()
     assert claims == [2, 0]  # one look for resumed work in all those steps
-    fake_redis.zadd(Keys().leases(model_tag(MODEL)), {resumed.id: 0})
-    reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "reaper")
+    lapse_and_reap(fake_redis, settings, [resumed.id])
     busy.iterate()
     assert resumed.status().worker is None  # the next look is not due yet
     now[0] += RESUMED_POLL_S
@@ -432,21 +432,11 @@ def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
         client.submit(f"u {i}", model=MODEL, max_tokens=5, priority="high") for i in (0, 1)
     ]
     assert dying.intake() == 2  # claimed, then it "dies" before its next step
-    busy = lockstep(
-        WorkerService(
-            ScriptedEngine(max_num_seqs=2, max_num_resumed_seqs=2),
-            fake_redis,
-            settings,
-            MODEL,
-            "w1",
-        )
-    )
+    busy = worker_with_kept_rows(fake_redis, settings, 2)
     for i in (0, 1):
         client.submit(f"n {i}", model=MODEL, max_tokens=5)
     busy.iterate()  # full of new work now
-    for h in [*mid_answer, *unstarted]:
-        fake_redis.zadd(Keys().leases(model_tag(MODEL)), {h.id: 0})
-    reap_once(fake_redis, Scripts(fake_redis), settings, model_tag(MODEL), "reaper")
+    lapse_and_reap(fake_redis, settings, [h.id for h in [*mid_answer, *unstarted]])
     busy.iterate()
     assert [h.status().worker for h in mid_answer] == ["w1", "w1"]
     assert [h.status().position for h in unstarted] == [0, 1]
