@@ -36,9 +36,7 @@ class TokenTexts(dict[int, str]):
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> TokenTexts:
-        backend = _plain_backend(tokenizer)
-        decoder = getattr(backend, "decoder", None)
-        return cls(plain_decode(tokenizer), isinstance(decoder, decoders.ByteLevel))
+        return cls(plain_decode(tokenizer), _byte_level(_plain_backend(tokenizer)))
 
     def decode(self, window: list[int]) -> str:
         """``window``'s text, as the tokenizer decodes it."""
@@ -65,8 +63,7 @@ class TokenNames(dict[int, tuple[str, list[int] | None]]):
         super().__init__()
         self._tokenizer = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        decoder = getattr(self._backend, "decoder", None)
-        self._byte_level = _byte_level_bytes() if _has_byte_level(decoder) else None
+        self._byte_level = _byte_level_bytes() if _byte_level(self._backend) else None
 
     def __missing__(self, token_id: int) -> tuple[str, list[int] | None]:
         decoded = self._tokenizer.decode([token_id], skip_special_tokens=False)
@@ -87,9 +84,9 @@ class TokenNames(dict[int, tuple[str, list[int] | None]]):
         return None
 
 
-def _has_byte_level(decoder: Any) -> bool:
-    """Whether ``decoder`` is byte-level, alone or within a sequence of decoders."""
-    return decoder is not None and "ByteLevel(" in repr(decoder)
+def _byte_level(backend: Any) -> bool:
+    """Whether the Rust tokenizer ``backend`` (or None) decodes byte-level tokens."""
+    return isinstance(getattr(backend, "decoder", None), decoders.ByteLevel)
 
 
 @cache
