@@ -3,9 +3,11 @@ through the scripts (no engine, no timers), so the figures do not move with how 
 the host is: entries per token and requests per write are fixed here, where in
 bench/scale.py they follow the worker's coalescing, which a loaded host shortens.
 
-``--workers`` simulated workers of ``--batch`` rows each: per write round every worker
-claims what it has room for, writes one stream entry of ``--tokens-per-entry`` tokens
-per running request (the final with the last), and settles what ended (with its
+``--workers`` simulated workers of ``--batch`` rows each and a look-ahead of
+``--lookahead``: per write round every worker claims what the engine would
+(``EngineConfig.num_to_claim``: once the batch is full, the look-ahead two at a time),
+writes one stream entry of ``--tokens-per-entry`` tokens per running request (the final
+with the last) and, in the same round trip, settles what its last write ended (with its
 usage), as worker/queue.py does; then one XREAD names every running request's stream
 from its cursor, as the gateway's hub does; submits keep the queue topped up. Workers
 start staggered, one request a round, so about one request ends per write.
@@ -41,6 +43,7 @@ from shared.ops.moves import Fate, Settle
 from shared.ops.publish import Final, Publish, TokenPublish
 from shared.settings import Settings
 from shared.usage import record_call
+from worker.engine.config import EngineConfig
 from worker.queue import ModelQueue
 
 MODEL = "sim:step_ms=20,knee=16,max_num_seqs=16"
@@ -57,22 +60,28 @@ class Row:
 class Worker:
     queue: ModelQueue
     batch: int
-    rows: list[Row] = field(default_factory=list)
+    config: EngineConfig
+    rows: list[Row] = field(default_factory=list)  # running
+    waiting: list[Row] = field(default_factory=list)  # claimed, in the look-ahead
     claimed: int = 0
     finished: int = 0
 
-    def turn(self, room: int, tokens_per_entry: int, max_tokens: int) -> None:
+    def turn(self, limit: int, tokens_per_entry: int, max_tokens: int) -> None:
+        # What the engine would claim (EngineConfig.num_to_claim), up to ``limit``.
+        free = self.config.num_to_claim(self.batch, len(self.rows) + len(self.waiting))
+        room = min(free, limit)
         if room > 0:
             claimed = self.queue.claim(room, room, None)
-            self.rows += [Row(c) for c in claimed]
+            self.waiting += [Row(c) for c in claimed]
             self.claimed += len(claimed)
+        while self.waiting and len(self.rows) < self.batch:
+            self.rows.append(self.waiting.pop(0))
         if not self.rows:
             return
         events = [self._event(r, tokens_per_entry, max_tokens) for r in self.rows]
-        publish = Publish(events)
         q = self.queue
-        calls = publish.calls(q.keys, q.settings.result_ttl_s, cluster=False)
-        written = publish.parse(q.scripts.send(calls))
+        # As ModelQueue.write: what the last write ended is settled in this round trip.
+        written = q.publish(Publish(events), ends=any(e.final for e in events))
         moved = [w.finished.moved for w in written if w.finished is not None]
         for row, event in zip(self.rows, events, strict=True):
             row.num_written += event.num_tokens
@@ -80,7 +89,7 @@ class Worker:
         if moved:
             used = [(None, Usage(prompt_tokens=4, completion_tokens=max_tokens))] * len(moved)
             settle = Settle(q.tag, moved).call(q.keys)
-            q.scripts.send([settle, record_call(q.keys, q.settings, used)])
+            q.settle_later([settle, record_call(q.keys, q.settings, used)])
             self.finished += len(moved)
 
     @staticmethod
@@ -130,8 +139,9 @@ def measure(target: Target, args: argparse.Namespace) -> list[Cost]:
     connection = connect(target.url)
     prepare(target, connection, MODEL)
     client = Client(settings=settings)
+    config = EngineConfig(model=MODEL, num_lookahead_slots=args.lookahead)
     workers = [
-        Worker(ModelQueue(connect(target.url), settings, MODEL, f"w{n}"), args.batch)
+        Worker(ModelQueue(connect(target.url), settings, MODEL, f"w{n}"), args.batch, config)
         for n in range(args.workers)
     ]
     reader = Reader(connect(target.url))
@@ -150,8 +160,8 @@ def measure(target: Target, args: argparse.Namespace) -> list[Cost]:
                 submitted += missing
             for w in workers:
                 # Staggered start: one more row a round until the batch is full.
-                room = min(w.batch - len(w.rows), 1 if round_no < w.batch else w.batch)
-                w.turn(room, args.tokens_per_entry, args.max_tokens)
+                w.turn(1 if round_no < w.batch else w.batch, args.tokens_per_entry,
+                       args.max_tokens)  # fmt: skip
             reader.read(workers)
             round_no += 1
         if measured:
@@ -170,6 +180,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument(
+        "--lookahead", type=int, default=EngineConfig.num_lookahead_slots,
+        help="look-ahead slots beside the batch (EngineConfig.num_lookahead_slots)",
+    )  # fmt: skip
     parser.add_argument("--requests", type=int, default=600, help="finished per round")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--tokens-per-entry", type=int, default=2)

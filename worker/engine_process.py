@@ -198,11 +198,12 @@ class EngineProcess(TokenizerPrompts):
         the worker before it claims what it could not run."""
         if not self._process.is_alive():
             raise self._died()
-        capacity = self._loaded.max_num_seqs + self.config.num_lookahead_slots
         if resumed:
+            capacity = self._loaded.max_num_seqs + self.config.num_lookahead_slots
             capacity += self._loaded.max_num_resumed_seqs
             return max(0, capacity - len(self._unfinished))
-        return max(0, capacity - sum(not r for r in self._unfinished.values()))
+        num_new = sum(not r for r in self._unfinished.values())
+        return self.config.num_to_claim(self._loaded.max_num_seqs, num_new)
 
     def stats(self) -> dict[str, float]:
         """The engine's figures as its last step sent them; none running or waiting

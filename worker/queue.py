@@ -30,7 +30,7 @@ from shared.records import stream_event
 from shared.registry import register_worker
 from shared.replication import Confirm, Replicas, first_keys
 from shared.replies import text
-from shared.scripts import Scripts
+from shared.scripts import ScriptCall, Scripts
 from shared.settings import Settings
 from shared.usage import record_call
 from worker.held import Held
@@ -78,6 +78,9 @@ class ModelQueue:
         self.scripts = Scripts(connection, Replicas.of(settings))
         self.cluster = is_cluster(connection)
         self.peers = Peers() if peers is None else peers
+        # What ended in earlier writes, to settle on the model's slot with the next
+        # (``write``). Touched only by the writes, which never overlap.
+        self.unsettled: list[ScriptCall] = []
 
     def sibling(self, connection: redis.Redis) -> ModelQueue:
         return ModelQueue(connection, self.settings, self.model, self.worker_id, self.peers)
@@ -168,34 +171,57 @@ class ModelQueue:
     # Writes.
 
     def write(self, plan: StepPlan) -> list[tuple[Planned, Written]]:
-        """One round trip for a write, and one more to settle what ended in it."""
-        publish = Publish(plan.events(self.cluster))
-        calls = publish.calls(self.keys, self.settings.result_ttl_s, self.cluster)
-        if not calls:
-            return []
-        # A final decides its request's fate: with replicas wanted, the write waits for them.
-        confirm = Confirm(first_keys(calls), "a write that ends requests") if plan.ended else None
-        written = publish.parse(self.scripts.send(calls, confirm))  # reloads scripts if lost
+        """One round trip for a write, which also settles what earlier writes ended
+        (``publish``); what this one ends is settled by the next (or by ``settle``)."""
+        written = self.publish(Publish(plan.events(self.cluster)), plan.ended)
         pairs = list(zip(plan.items, written, strict=True))
-        self._settle_ended([(p.held, w.finished) for p, w in pairs])
+        self.settle_later(self._settle_calls([(p.held, w.finished) for p, w in pairs]))
         return pairs
 
+    def publish(self, publish: Publish, ends: bool) -> list[Written]:
+        """publish.lua's calls for a write, with the settling of what earlier writes
+        ended in the same round trip (``ends``: the write ends requests)."""
+        calls = publish.calls(self.keys, self.settings.result_ttl_s, self.cluster)
+        if not calls:
+            self.settle()
+            return []
+        # A final decides its request's fate: with replicas wanted, the write waits for them.
+        confirm = Confirm(first_keys(calls), "a write that ends requests") if ends else None
+        num_unsettled = len(self.unsettled)
+        replies = self.scripts.send([*self.unsettled, *calls], confirm)  # reloads scripts if lost
+        self.unsettled = []
+        return publish.parse(replies[num_unsettled:])
+
+    def settle_later(self, calls: list[ScriptCall]) -> None:
+        """Settle on the next write's round trip (a round trip of its own costs Redis
+        about as much CPU as the scripts of a short request's write)."""
+        self.unsettled += calls
+
+    def settle(self) -> None:
+        """Settle what earlier writes ended, in a round trip of its own."""
+        if self.unsettled:
+            self.scripts.send(self.unsettled)
+            self.unsettled = []
+
     def finish_now(self, held: Held, finish: Finish) -> Finished | None:
-        """A final outside a write (a request that cannot run): None if nothing was
-        written (the lease lost)."""
+        """A final outside a write (a request that cannot run), settled at once: None
+        if nothing was written (the lease lost). (It may run beside a write in flight,
+        so it leaves ``unsettled`` to the writes.)"""
         call = finish.call(self.keys, self.settings.result_ttl_s)
         (reply,) = self.scripts.send([call], Confirm(call.keys, "a final"))
         finished = finish.parse(reply)
-        self._settle_ended([(held, finished)])
+        settle = self._settle_calls([(held, finished)])
+        if settle:
+            self.scripts.send(settle)
         return finished
 
-    def _settle_ended(self, ended: list[tuple[Held, Finished | None]]) -> None:
-        """For requests whose final went through, in one round trip: on the model's slot
-        drop their leases and charge their tenants' fair share what they used beyond the
-        enqueue estimate; add their usage to their tenants' hour."""
+    def _settle_calls(self, ended: list[tuple[Held, Finished | None]]) -> list[ScriptCall]:
+        """For requests whose final went through: on the model's slot drop their leases
+        and charge their tenants' fair share what they used beyond the enqueue
+        estimate; add their usage to their tenants' hour."""
         done = [(h, f) for h, f in ended if f is not None]
         if not done:
-            return
+            return []
         finals = [(h, FinalEvent.model_validate_json(f.final_json)) for h, f in done]
         charges = [
             Charge(h.request.priority, h.request.tenant, units(n, h.request.weight))
@@ -205,7 +231,7 @@ class ModelQueue:
         ]  # fmt: skip
         used = [(h.request.tenant, final.usage) for h, final in finals]
         settle = Settle(self.tag, [f.moved for _, f in done], charges)
-        self.scripts.send([settle.call(self.keys), record_call(self.keys, self.settings, used)])
+        return [settle.call(self.keys), record_call(self.keys, self.settings, used)]
 
     # The heartbeat's side.
 

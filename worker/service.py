@@ -184,6 +184,10 @@ class WorkerService:
                 # Planned here, where ``held`` changes; the writer thread only sends it.
                 self.writing = self.writer.submit(self.queue.write, plan_step(self.held, pending))
                 self.steps_writing = 0
+            elif self.queue.unsettled and not self.coalescer.holding:
+                # What ended rides the next write; with nothing held, none is coming soon.
+                self.writing = self.writer.submit(self._settle_alone)
+                self.steps_writing = 0
         try:
             self.steps_writing += 1
             self._step_engine()
@@ -222,11 +226,19 @@ class WorkerService:
     def flush(self, force: bool = False) -> None:
         """Write what is held, if it is due (or ``force``): every token and final event
         in one round trip, once the write in flight is acknowledged. A write that failed
-        is sent again first, unchanged."""
+        is sent again first, unchanged. With ``force``, what the writes ended is settled
+        too, rather than left for a next write."""
         self._settle_written(wait=True)
         pending = self._take(force)
         if pending is not None:
             self._settle(self.queue.write(plan_step(self.held, pending)))
+        if force:
+            self.queue.settle()  # nothing left for a next write to carry
+
+    def _settle_alone(self) -> list[tuple[Planned, Written]]:
+        """A write of nothing but what earlier writes ended (on the writer thread)."""
+        self.queue.settle()
+        return []
 
     def _take(self, force: bool) -> list[RequestOutput] | None:
         """What the next write carries: the one that failed, else what is held if due."""

@@ -469,3 +469,65 @@ def test_a_lease_that_a_finish_in_flight_dropped_is_not_taken_for_lost(
     assert service.lost.empty()
     assert done.id not in service.held
     assert done.result(timeout=1).finish_reason is FinishReason.LENGTH
+
+
+def sent_scripts(service: WorkerService) -> list[list[str]]:
+    """The scripts of each round trip ``service``'s loop sends from now on."""
+    rounds: list[list[str]] = []
+    send = service.queue.scripts.send
+
+    def recorded(commands: Any, confirm: Any = None) -> Any:
+        rounds.append([c.script for c in commands if hasattr(c, "script")])
+        return send(commands, confirm)
+
+    service.queue.scripts.send = recorded  # type: ignore[method-assign]
+    return rounds
+
+
+def test_what_a_write_ended_is_settled_by_the_next_write_not_a_round_trip_of_its_own(
+    setup: Any,
+) -> None:
+    """A request that ends while another runs is settled on the model's slot (lease
+    dropped, history filed, usage counted) by the next write, in its round trip; the
+    last one, once the engine is idle, at once."""
+    client, service, _ = setup
+    short = client.submit("a b", model=MODEL, max_tokens=2)
+    long = client.submit("c d", model=MODEL, max_tokens=5)
+    rounds = sent_scripts(service)
+    leases = client.keys.leases(model_tag(MODEL))
+    while short.status().state is not RequestState.FINISHED:
+        service.iterate()
+    assert client.redis.zscore(leases, short.id) is not None  # not settled yet
+    service.iterate()
+    assert client.redis.zscore(leases, short.id) is None
+    assert client.redis.zscore(leases, long.id) is not None
+    service.run(burst=True)
+    assert long.result(timeout=1).finish_reason is FinishReason.LENGTH
+    writes = [r for r in rounds if "publish" in r]
+    # The short one's second token ends it in the second write; the third settles it.
+    assert writes[:3] == [["publish"], ["publish"], ["settle", "usage", "publish"]]
+    assert ["settle", "usage"] in rounds[rounds.index(writes[-1]) :]  # the last: at once
+    assert sum(r == ["settle", "usage"] for r in rounds) == 1
+    assert client.redis.zcard(leases) == 0
+    (row,) = read_usage(client.redis, client.keys, last_hours(1))
+    assert row.requests == 2
+    assert client.redis.zcard(client.keys.recent(model_tag(MODEL))) == 2
+
+
+def test_what_ended_is_settled_alone_when_no_write_is_coming(setup: Any) -> None:
+    """A step that produced nothing (the others' prompts still prefilling) leaves no
+    write to carry what the last write ended: it is settled in a round trip of its own."""
+    client, service, engine = setup
+    short = client.submit("a b", model=MODEL, max_tokens=1)
+    long = client.submit("c d", model=MODEL, max_tokens=5)
+    service.iterate()  # claimed; the first step ends the short one
+    engine.step = lambda: []
+    rounds = sent_scripts(service)
+    service.iterate()  # its final written, beside a step that produced nothing
+    assert short.status().state is RequestState.FINISHED
+    leases = client.keys.leases(model_tag(MODEL))
+    assert client.redis.zscore(leases, short.id) is not None
+    service.iterate()
+    assert rounds[-1] == ["settle", "usage"]
+    assert client.redis.zscore(leases, short.id) is None
+    assert client.redis.zscore(leases, long.id) is not None

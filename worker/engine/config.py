@@ -8,6 +8,10 @@ from typing import Any
 
 from worker.engine.pooling import POOLING_METHODS
 
+# With every row of the batch taken, the look-ahead is claimed for this many at a time
+# (``EngineConfig.num_to_claim``).
+LOOKAHEAD_REFILL = 2
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -91,6 +95,19 @@ class EngineConfig:
     grammar_compile_timeout_s: float = 10.0
     async_scheduling: bool | None = None
     timed_forward_ms: float | None = None
+
+    def num_to_claim(self, max_num_seqs: int, num_held: int) -> int:
+        """How many new requests to claim beside the ``num_held`` the engine holds
+        (running, waiting or compiling; resumed ones aside): up to the batch and its
+        look-ahead. While a row of the batch is idle, whatever fits; once every row is
+        taken, the look-ahead is refilled ``LOOKAHEAD_REFILL`` at a time, not one
+        request a claim: each claim costs Redis two round trips (claim.lua on the
+        model's slot, start.lua on the requests'), and a request waiting in the
+        look-ahead takes the row a finished one frees without one."""
+        free = max_num_seqs + self.num_lookahead_slots - num_held
+        if num_held < max_num_seqs or free >= min(LOOKAHEAD_REFILL, self.num_lookahead_slots):
+            return max(0, free)
+        return 0
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -158,15 +158,17 @@ class Engine(TokenizerPrompts):
 
     def num_free_slots(self, resumed: bool = False) -> int:
         """How many more requests to claim now: free batch rows plus a small
-        look-ahead, so a more urgent request can wait here and preempt; with
-        ``resumed``, how many requests resumed mid-answer (they have rows kept)."""
+        look-ahead, so a more urgent request can wait here and preempt (refilled two at
+        a time: ``EngineConfig.num_to_claim``); with ``resumed``, how many requests
+        resumed mid-answer (they have rows kept)."""
         held = [s.request for s in (*self.scheduler.running, *self.scheduler.waiting)]
         num_compiling = len(self.compiling)  # guided requests whose grammar compiles
         capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
         if resumed:
             capacity += self.scheduler.max_num_resumed_seqs
             return max(0, capacity - len(held) - num_compiling)
-        return max(0, capacity - sum(not r.resumed for r in held) - num_compiling)
+        num_new = sum(not r.resumed for r in held) + num_compiling
+        return self.config.num_to_claim(self.scheduler.max_num_seqs, num_new)
 
     def step(self) -> list[RequestOutput]:
         if self.config.async_scheduling:

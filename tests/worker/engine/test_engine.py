@@ -285,3 +285,23 @@ def test_free_slots_shrink_as_requests_are_added(make_engine: EngineFactory) -> 
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.num_free_slots() == start
+
+
+def test_once_the_batch_is_full_the_look_ahead_is_claimed_two_at_a_time(
+    make_engine: EngineFactory,
+) -> None:
+    """Two rows and four look-ahead slots: while a row is idle the engine takes what
+    fits; then one free look-ahead slot is not worth a claim's round trips, two are."""
+    engine = make_engine(max_num_seqs=2, num_lookahead_slots=4)
+    free = []
+    for n in range(6):
+        free.append(engine.num_free_slots())
+        engine.add_request(make_request([1, 2, 3], request_id=f"r{n}", max_tokens=4))
+    free.append(engine.num_free_slots())
+    assert free == [6, 5, 4, 3, 2, 0, 0]
+    engine.abort_request("r5")
+    engine.step()  # the abort takes effect
+    assert engine.num_free_slots() == 0  # one slot free: wait for a second
+    engine.abort_request("r4")
+    engine.step()
+    assert engine.num_free_slots() == 2
