@@ -130,6 +130,7 @@ class Cost:
     cpu_us_per_token: float
     commands_per_token: float
     evalsha_per_token: float
+    script_us_per_token: float  # the scripts' own time (INFO commandstats): no kernel in it
 
 
 def measure(target: Target, args: argparse.Namespace) -> list[Cost]:
@@ -167,10 +168,9 @@ def measure(target: Target, args: argparse.Namespace) -> list[Cost]:
         if measured:
             delta = node_totals(node) - start
             tokens = (sum(w.finished for w in workers) - done) * args.max_tokens
-            evalsha = delta.by_command.get("evalsha", (0, 0))[0]
-            costs.append(
-                Cost(tokens, delta.cpu_s * 1e6 / tokens, delta.commands / tokens, evalsha / tokens)
-            )
+            evalsha, script_us = delta.by_command.get("evalsha", (0, 0))
+            cpu_us, commands = delta.cpu_s * 1e6 / tokens, delta.commands / tokens
+            costs.append(Cost(tokens, cpu_us, commands, evalsha / tokens, script_us / tokens))
     return costs
 
 
@@ -204,7 +204,8 @@ def main() -> None:
     for c in costs:
         print(
             f"  {c.cpu_us_per_token:6.2f} us Redis CPU per token, {c.commands_per_token:.2f} "
-            f"commands per token ({c.evalsha_per_token:.3f} script calls)"
+            f"commands per token ({c.evalsha_per_token:.3f} script calls, "
+            f"{c.script_us_per_token:.2f} us in them)"
         )
     median = statistics.median(c.cpu_us_per_token for c in costs)
     print(f"median {median:.2f} us Redis CPU per token")

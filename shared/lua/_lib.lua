@@ -46,15 +46,17 @@ local function timings(h, finished_ms, known)
 end
 
 -- End a request on its own slot: final event on its stream, terminal state, expiry,
--- notification. The model's indexes learn of it from settle.lua. 'extra': more fields
--- to set with the state, as a flat list (field, value, ...), or nil. 'known': see timings.
-local function finalize(h, stream, id, state, final_json, finished_ms, ttl_s, channel, extra,
-    known)
-  local final = cjson.decode(final_json)
-  final['timings'] = timings(h, finished_ms, known)
-  local encoded = cjson.encode(final)
+-- notification. The model's indexes learn of it from settle.lua. 'final_json': the final
+-- event, a JSON object without its timings, which are added here as its last field (by
+-- splicing, not decoding: a final can be long, an embedding's most of all), and 'reason'
+-- its finish reason. 'extra': more fields to set with the state, as a flat list (field,
+-- value, ...), or nil. 'known': see timings.
+local function finalize(h, stream, id, state, reason, final_json, finished_ms, ttl_s, channel,
+    extra, known)
+  local encoded = string.sub(final_json, 1, -2) .. ',"timings":' ..
+    cjson.encode(timings(h, finished_ms, known)) .. '}'
   redis.call('XADD', stream, '*', 'e', encoded)
-  redis.call('HSET', h, 'state', state, 'finish_reason', final['finish_reason'],
+  redis.call('HSET', h, 'state', state, 'finish_reason', reason,
     'final', encoded, 'finished_ms', finished_ms, unpack(extra or {}))
   redis.call('HDEL', h, 'lease_token')
   redis.call('EXPIRE', h, ttl_s)

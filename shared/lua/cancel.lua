@@ -10,8 +10,8 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'missing', ''} end
 if state == 'queued' then
   local now = now_ms()
-  finalize(KEYS[1], KEYS[2], ARGV[1], 'cancelled', cancelled_json(), now, ARGV[2], ARGV[3],
-    {'output', '{"text":"","token_ids":[]}'})
+  finalize(KEYS[1], KEYS[2], ARGV[1], 'cancelled', 'cancelled', cancelled_json(), now, ARGV[2],
+    ARGV[3], {'output', '{"text":"","token_ids":[]}'})
   return {'cancelled', tostring(now)}
 end
 if state == 'running' then

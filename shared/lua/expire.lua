@@ -11,5 +11,5 @@ local now = now_ms()
 if state ~= 'queued' or not deadline or tonumber(deadline) > now then
   return {state, finished or ''}
 end
-finalize(KEYS[1], KEYS[2], ARGV[1], 'expired', expired_json(), now, ARGV[2], ARGV[3])
+finalize(KEYS[1], KEYS[2], ARGV[1], 'expired', 'expired', expired_json(), now, ARGV[2], ARGV[3])
 return {'expired', tostring(now)}

@@ -27,7 +27,7 @@ if ARGV[3] == 'release' then
   redis.call('HINCRBY', h, 'attempts', -1)
 elseif cancel == '1' then
   -- Cancelled while its worker was dying: end it rather than run it again.
-  finalize(h, stream, id, 'cancelled', cancelled_json(), now, ARGV[5], ARGV[6])
+  finalize(h, stream, id, 'cancelled', 'cancelled', cancelled_json(), now, ARGV[5], ARGV[6])
   return {'cancelled', tostring(now), '1'}
 elseif tonumber(attempts or '0') >= tonumber(ARGV[4]) then
   local reason = 'worker lost ' .. attempts .. ' times (last: ' ..
@@ -35,7 +35,7 @@ elseif tonumber(attempts or '0') >= tonumber(ARGV[4]) then
   local final = cjson.encode({type = 'final', finish_reason = 'error',
     usage = {prompt_tokens = 0, completion_tokens = tonumber(redis.call('HGET', h, 'num_generated') or '0')},
     error = reason})
-  finalize(h, stream, id, 'dead', final, now, ARGV[5], ARGV[6])
+  finalize(h, stream, id, 'dead', 'error', final, now, ARGV[5], ARGV[6])
   keep_dead(h, stream, reason)
   return {'dead', tostring(now), '1'}
 end

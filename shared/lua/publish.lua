@@ -12,8 +12,9 @@
 -- ARGV[4i - 1 .. 4i + 2] for request i: lease token, token event json or '', number of
 -- its tokens, index of its first token (with no event: the tokens the stream must hold
 -- before its final; '' checks nothing)
--- then for each request that ended, ARGV[a .. a + 4]: i, request id, final event json,
--- output json, terminal state ('dead' dead-letters it)
+-- then for each request that ended, ARGV[a .. a + 5]: i, request id, final event json
+-- (without its timings: finalize adds them), output json, terminal state ('dead'
+-- dead-letters it), finish reason
 -- Returns n codes, then for each final written (code 4), in order: final event json
 -- (timings filled in), state, finished ms.
 -- code 0 lease lost (nothing written) | 1 published (or already was) | 2 published and a
@@ -26,7 +27,7 @@ local out, written, published = {}, {}, {}
 -- calls per request add up on short answers: the hash is read once per request (with
 -- what a final's timings need when it ends in this call), the clock once per call.
 local ends, known = {}, {}  -- i -> true when request i ends here; its timings' fields
-for f = 4 * n + 3, #ARGV, 5 do ends[tonumber(ARGV[f])] = true end
+for f = 4 * n + 3, #ARGV, 6 do ends[tonumber(ARGV[f])] = true end
 local TIMED = {'created_ms', 'started_ms'}
 local now
 local function clock()
@@ -69,7 +70,7 @@ local function finished_before(h, token)
   return nil
 end
 
--- The final of request i (ARGV[f .. f + 4] its group): a reply {final, state, ms} or a code.
+-- The final of request i (ARGV[f .. f + 5] its group): a reply {final, state, ms} or a code.
 local function finish_one(i, f)
   local h, a = KEYS[2 * i - 1], 4 * i - 1
   if out[i] == LEASE_LOST then return finished_before(h, ARGV[a]) or LEASE_LOST end
@@ -79,14 +80,14 @@ local function finish_one(i, f)
     return GAP
   end
   local at, state = clock(), ARGV[f + 4]
-  local final = finalize(h, KEYS[2 * i], ARGV[f + 1], state, ARGV[f + 2], at, ARGV[1], ARGV[2],
-    {'output', ARGV[f + 3], 'ended_by', ARGV[a]}, known[i])
+  local final = finalize(h, KEYS[2 * i], ARGV[f + 1], state, ARGV[f + 5], ARGV[f + 2], at,
+    ARGV[1], ARGV[2], {'output', ARGV[f + 3], 'ended_by', ARGV[a]}, known[i])
   if state == 'dead' then keep_dead(h, KEYS[2 * i], cjson.decode(final)['error'] or '') end
   return {final, state, tostring(at)}
 end
 
 for i = 1, n do out[i] = publish_one(i) end
-for f = 4 * n + 3, #ARGV, 5 do
+for f = 4 * n + 3, #ARGV, 6 do
   local i = tonumber(ARGV[f])
   local reply = finish_one(i, f)
   if type(reply) == 'table' then

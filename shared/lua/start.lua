@@ -19,7 +19,7 @@ local function start_one(h, stream, id, token)
   local gen = token_gen(token)
   if state ~= 'queued' or gen <= tonumber(seen or '0') then return {state, finished or ''} end
   if deadline and tonumber(deadline) <= now then
-    finalize(h, stream, id, 'expired', expired_json(), now, ttl_s, channel)
+    finalize(h, stream, id, 'expired', 'expired', expired_json(), now, ttl_s, channel)
     return {'expired', tostring(now)}
   end
   attempts = tonumber(attempts or '0') + 1

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+import orjson
+
 from shared.keys import Keys
 from shared.ops.moves import Fate, Moved
 from shared.ops.slots import by_slot, slot_of
@@ -36,6 +38,14 @@ class Final:
     output_json: bytes
     state: Fate
 
+    def untimed(self) -> tuple[str, str]:
+        """Its final event without timings, as the script takes it (it adds them by
+        splicing, where decoding and encoding the event again in Lua cost Redis about a
+        third of a short request's final), and its finish reason."""
+        event = orjson.loads(self.final_json)
+        event.pop("timings", None)
+        return orjson.dumps(event).decode(), str(event["finish_reason"])
+
 
 @dataclass(frozen=True)
 class TokenPublish:
@@ -59,13 +69,9 @@ class TokenPublish:
         final = self.final
         if final is None:
             return ()
-        return (
-            position,
-            self.request_id,
-            final.final_json.decode(),
-            final.output_json.decode(),
-            final.state.value,
-        )
+        event, reason = final.untimed()
+        return (position, self.request_id, event, final.output_json.decode(), final.state.value,
+                reason)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,31 @@ def test_publish_and_finish_build_the_stream_and_result(client: Client) -> None:
     assert result.timings.total_s is not None and result.timings.ttft_s is not None
 
 
+def test_a_final_is_stored_as_the_worker_wrote_it_with_its_timings_added(
+    client: Client,
+) -> None:
+    """The script adds the timings to the worker's final without decoding it: an error
+    that looks like JSON stays as it was, and an embedding keeps every digit."""
+    h = client.submit("hi")
+    (c,) = claim(client.redis, client.settings, 1)
+    error = 'bad {"timings": {"total_s": 1}, "x": "}"} \\ \u00e9'
+    vector = (0.1234567890123456789, -1e-30, 3.0000000000000004)
+    event = FinalEvent(finish_reason=FinishReason.ERROR, error=error, embedding=vector)
+    finish = Finish(c.request_id, c.lease_token, dumps(event), b"{}", Fate.FAILED)
+    finished = finish.parse(Scripts(client.redis).run(finish.call(Keys(), 60)))
+    assert finished is not None
+    stored_json = client.redis.hget(Keys().request(h.id), "final")
+    assert stored_json is not None
+    stored = FinalEvent.model_validate_json(stored_json)
+    assert (stored.finish_reason, stored.error, stored.embedding) == (
+        FinishReason.ERROR, error, vector,
+    )  # fmt: skip
+    assert stored.timings.total_s is not None and stored.timings.queued_s is not None
+    assert h.status().finish_reason is FinishReason.ERROR
+    (last,) = [e.event for e in h.stream()]
+    assert last == stored
+
+
 def test_stream_resumes_after_a_given_event(client: Client) -> None:
     h = client.submit("hi")
     (c,) = claim(client.redis, client.settings, 1)
