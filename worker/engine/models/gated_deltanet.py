@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch.nn import functional
 from transformers.models.qwen3_next.modeling_qwen3_next import (
-    causal_conv1d_update,
+    l2norm,
     torch_chunk_gated_delta_rule,
     torch_recurrent_gated_delta_rule,
 )
 
 from worker.engine.models.layers import Projection, fused_projection
-from worker.engine.models.state import GatedRMSNorm, StateShapes, scan_rows
+from worker.engine.models.state import GatedRMSNorm, StateShapes, causal_conv, scan_rows
 
 # The input projections of each layout: Qwen3.5's four, Qwen3-Next's two (whose outputs
 # are grouped per key head).
@@ -105,14 +105,17 @@ class GatedDeltaNet:
         qkv, beta, g = xs
         conv_state, recurrent = states
         num_rows, num_tokens = qkv.shape[:2]
-        mixed = causal_conv1d_update(
+        mixed = causal_conv(
             qkv.transpose(1, 2), conv_state, self.conv_weight, self.conv_bias, self.activation
         ).transpose(1, 2)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(num_rows, num_tokens, -1, self.head_k_dim)
         k = k.reshape(num_rows, num_tokens, -1, self.head_k_dim)
         v = v.reshape(num_rows, num_tokens, -1, self.head_v_dim)
-        rule = torch_recurrent_gated_delta_rule if num_tokens == 1 else torch_chunk_gated_delta_rule
+        rule = torch_chunk_gated_delta_rule
+        if num_tokens == 1:
+            on_cpu = q.device.type == "cpu"
+            rule = decode_gated_delta_rule if on_cpu else torch_recurrent_gated_delta_rule
         out, recurrent = rule(
             q,
             k,
@@ -124,3 +127,35 @@ class GatedDeltaNet:
             use_qk_l2norm_in_kernel=True,
         )
         return out, [conv_state, recurrent]
+
+
+def decode_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    output_final_state: bool = True,
+    use_qk_l2norm_in_kernel: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``torch_recurrent_gated_delta_rule`` for one token a row (decode
+    rows, on the CPU), in fewer operations: no copies to a heads-first layout, and the
+    state's products with the key and the query as matrix products rather than a
+    product and a sum (the same sums in another order). 32 rows of 8 heads of 32:
+    160 -> 114 us. ``query`` and ``key`` ``[rows, 1, key heads, key dim]``, ``value``
+    ``[rows, 1, heads, value dim]``, ``g`` and ``beta`` ``[rows, 1, heads]``, the state
+    ``[rows, heads, key dim, value dim]``; returns the output as ``value`` and the state."""
+    assert output_final_state and use_qk_l2norm_in_kernel  # as the layer calls it
+    group = value.shape[2] // key.shape[2]
+    q = l2norm(query[:, 0].float(), dim=-1, eps=1e-6)
+    k = l2norm(key[:, 0].float(), dim=-1, eps=1e-6)
+    if group > 1:
+        q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
+    q = q / (q.shape[-1] ** 0.5)
+    state = initial_state.float() * g[:, 0].float().exp()[..., None, None]
+    remembered = torch.matmul(k.unsqueeze(-2), state).squeeze(-2)
+    delta = (value[:, 0].float() - remembered) * beta[:, 0].float().unsqueeze(-1)
+    state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    out = torch.matmul(q.unsqueeze(-2), state).squeeze(-2)
+    return out.unsqueeze(1).to(query.dtype), state

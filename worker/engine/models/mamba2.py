@@ -23,13 +23,12 @@ from typing import Any
 import torch
 from torch.nn import functional
 from transformers.models.granitemoehybrid.modeling_granitemoehybrid import (
-    causal_conv1d_update,
     mamba2_chunk_scan,
     mamba2_selective_state_update,
 )
 
 from worker.engine.models.layers import Projection
-from worker.engine.models.state import GatedRMSNorm, StateShapes, scan_rows
+from worker.engine.models.state import GatedRMSNorm, StateShapes, causal_conv, scan_rows
 
 
 class Mamba2:
@@ -67,7 +66,7 @@ class Mamba2:
         xbc, dt = xs
         conv_state, ssm = states
         num_rows, num_tokens = xbc.shape[:2]
-        xbc = causal_conv1d_update(
+        xbc = causal_conv(
             xbc.transpose(1, 2), conv_state, self.conv_weight, self.conv_bias, self.activation
         ).transpose(1, 2)
         group_width = self.num_groups * self.state_size

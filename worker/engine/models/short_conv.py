@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.models.lfm2.modeling_lfm2 import causal_conv1d_update
 
 from worker.engine.models.layers import Projection
-from worker.engine.models.state import StateShapes, scan_rows
+from worker.engine.models.state import StateShapes, causal_conv, scan_rows
 
 
 class ShortConv:
@@ -39,5 +38,5 @@ class ShortConv:
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         (bx,) = xs
         (conv_state,) = states
-        out = causal_conv1d_update(bx.transpose(1, 2), conv_state, self.conv_weight, self.conv_bias)
+        out = causal_conv(bx.transpose(1, 2), conv_state, self.conv_weight, self.conv_bias)
         return out.transpose(1, 2), [conv_state]
