@@ -163,8 +163,8 @@ class Engine(TokenizerPrompts):
         resumed mid-answer (they have rows kept)."""
         held = [s.request for s in (*self.scheduler.running, *self.scheduler.waiting)]
         num_compiling = len(self.compiling)  # guided requests whose grammar compiles
-        capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
         if resumed:
+            capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
             capacity += self.scheduler.max_num_resumed_seqs
             return max(0, capacity - len(held) - num_compiling)
         num_new = sum(not r.resumed for r in held) + num_compiling
