@@ -49,7 +49,7 @@ from producer.embedded import EmbeddedRedis, free_port
 from shared.flows import accepted, claim_flow, drive_async, enqueue_flow, finish_flow
 from shared.gc_policy import freeze_startup_objects
 from shared.keys import Keys, model_tag
-from shared.models import FinalEvent, FinishReason, GenerationRequest, dumps
+from shared.models import FinalEvent, FinishReason, GenerationRequest
 from shared.ops.claim import Claim
 from shared.ops.moves import Fate
 from shared.ops.publish import Finish, Publish, TokenPublish
@@ -194,7 +194,7 @@ async def publish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], second
 
 async def finish(r: redis.asyncio.Redis, b: Bench, held: dict[str, str], n: int) -> None:
     final, output = (
-        dumps(FinalEvent(finish_reason=FinishReason.LENGTH)),
+        FinalEvent(finish_reason=FinishReason.LENGTH),
         orjson.dumps({"text": "", "token_ids": []}),
     )
     scripts = AsyncScripts(r)

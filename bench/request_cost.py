@@ -37,7 +37,7 @@ from bench.scale_run import Target, node_totals, prepare, single_target
 from producer.client import Client
 from shared.connection import connect
 from shared.keys import Keys
-from shared.models import FinalEvent, Usage, token_wire
+from shared.models import FinalEvent, FinishReason, Usage, token_wire
 from shared.ops.claim import Claimed
 from shared.ops.moves import Fate, Settle
 from shared.ops.publish import Final, Publish, TokenPublish
@@ -100,9 +100,9 @@ class Worker:
         final = None
         if index + n >= max_tokens:
             usage = Usage(prompt_tokens=4, completion_tokens=max_tokens)
-            final_json = FinalEvent(finish_reason="length", usage=usage).model_dump_json()
+            event = FinalEvent(finish_reason=FinishReason.LENGTH, usage=usage)
             output = orjson.dumps({"text": " a" * max_tokens, "token_ids": [TOKEN_ID] * max_tokens})
-            final = Final(final_json.encode(), output, Fate.FINISHED)
+            final = Final.of(event, output, Fate.FINISHED)
         c = row.claimed
         return TokenPublish(c.request_id, c.lease_token, wire, index, n, final)
 

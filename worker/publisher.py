@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from enum import Enum
 
-from shared.models import FinishReason, dumps
+from shared.models import FinishReason
 from shared.ops.moves import Fate
 from shared.ops.publish import Final, Finish, PublishCode, TokenPublish, Written, slot_of
 from worker.coalesce import step_wire
@@ -117,8 +117,7 @@ def final_of(
     ids, text = (more.new_token_ids, more.text) if more is not None else ([], "")
     embedding = more.embedding if more is not None else None
     final = held.final(reason, len(ids), error, embedding)
-    fate = state or Fate(STATE_OF_REASON[reason].value)
-    return Final(dumps(final), held.output_json(ids, text), fate)
+    return Final.of(final, held.output_json(ids, text), _fate(reason, state))
 
 
 def finish_of(
@@ -126,11 +125,14 @@ def finish_of(
 ) -> Finish:
     """A final outside a write (a request that cannot run), once its stream holds
     ``num_published`` tokens (None: whatever it holds)."""
-    final = final_of(held, reason, error=error, state=state)
-    return Finish(
-        held.request_id, held.lease_token, final.final_json, final.output_json, final.state,
-        num_published,
-    )  # fmt: skip
+    final = held.final(reason, error=error)
+    return Finish(held.request_id, held.lease_token, final, held.output_json(),
+                  _fate(reason, state), num_published)  # fmt: skip
+
+
+def _fate(reason: FinishReason, state: Fate | None) -> Fate:
+    """The terminal state a request ends in: ``state`` if given, else its reason's."""
+    return state or Fate(STATE_OF_REASON[reason].value)
 
 
 def failed(planned: Planned, error: str) -> Planned:

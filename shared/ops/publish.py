@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from shared.keys import Keys
+from shared.models import FinalEvent
 from shared.ops.moves import Fate, Moved
 from shared.ops.slots import by_slot, slot_of
 from shared.replies import text
@@ -31,20 +32,20 @@ class PublishCode(IntEnum):
 
 @dataclass(frozen=True)
 class Final:
-    """A request's end: its final event (timings are filled in by the script), its
-    output {text, token_ids}, its terminal state (DEAD dead-letters it)."""
+    """A request's end: its final event as the script takes it, without its timings
+    (the script splices them in: decoding and encoding the event again in Lua cost
+    Redis about a third of a short request's final), and its finish reason; its output
+    {text, token_ids}; its terminal state (DEAD dead-letters it)."""
 
-    final_json: bytes
+    untimed_json: str
+    reason: str
     output_json: bytes
     state: Fate
 
-    def untimed(self) -> tuple[str, str]:
-        """Its final event without timings, as the script takes it (it adds them by
-        splicing, where decoding and encoding the event again in Lua cost Redis about a
-        third of a short request's final), and its finish reason."""
-        event = orjson.loads(self.final_json)
-        event.pop("timings", None)
-        return orjson.dumps(event).decode(), str(event["finish_reason"])
+    @classmethod
+    def of(cls, event: FinalEvent, output_json: bytes, state: Fate) -> Final:
+        untimed = orjson.dumps(event.model_dump(mode="json", exclude={"timings"})).decode()
+        return cls(untimed, event.finish_reason.value, output_json, state)
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,8 @@ class TokenPublish:
         final = self.final
         if final is None:
             return ()
-        event, reason = final.untimed()
-        return (position, self.request_id, event, final.output_json.decode(), final.state.value,
-                reason)  # fmt: skip
+        return (position, self.request_id, final.untimed_json, final.output_json.decode(),
+                final.state.value, final.reason)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -134,13 +134,13 @@ class Finish:
 
     request_id: str
     lease_token: str
-    final_json: bytes
+    final: FinalEvent
     output_json: bytes
     state: Fate
     num_published: int | None = None  # the tokens its stream must hold (None: any)
 
     def event(self) -> TokenPublish:
-        final = Final(self.final_json, self.output_json, self.state)
+        final = Final.of(self.final, self.output_json, self.state)
         return TokenPublish(self.request_id, self.lease_token, b"", self.num_published, 0, final)
 
     def call(self, keys: Keys, ttl_s: int) -> ScriptCall:

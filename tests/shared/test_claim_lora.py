@@ -14,7 +14,7 @@ from producer.client import Client, Handle
 from shared.flows import claim_flow, drive, fence_flow, retry_flow
 from shared.keys import Keys
 from shared.loras import new_adapter, register_lora
-from shared.models import TENANT, FinalEvent, FinishReason, LoraAdapter, RequestState, dumps
+from shared.models import TENANT, FinalEvent, FinishReason, LoraAdapter, RequestState
 from shared.ops.claim import CLAIM_LOOK_PAST, Claim, Claimed
 from shared.ops.moves import Fate, FenceMode, Settle
 from shared.ops.publish import Finish
@@ -198,9 +198,9 @@ def test_a_dead_letter_keeps_its_mark_for_a_retry_and_loses_it_when_purged(
 
 def _end(client: Client, held: Claimed, state: str) -> None:
     if state == "dead":  # as a worker dead-letters one, saying why
-        final = dumps(FinalEvent(finish_reason=FinishReason.ERROR, error="unreadable"))
+        final = FinalEvent(finish_reason=FinishReason.ERROR, error="unreadable")
     else:
-        final = dumps(FinalEvent(finish_reason=FinishReason.LENGTH))
+        final = FinalEvent(finish_reason=FinishReason.LENGTH)
     output = b'{"text": "", "token_ids": []}'
     finish = Finish(held.request_id, held.lease_token, final, output, Fate(state))
     reply = Scripts(client.redis).run(finish.call(KEYS, client.settings.result_ttl_s))

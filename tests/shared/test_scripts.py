@@ -145,7 +145,7 @@ def publish_token(r: redis.Redis, c: Claimed, index: int, text: str) -> PublishC
 
 def _finish(r: redis.Redis, s: Settings, c: Claimed, text: str, n: int) -> str | None:
     """The final event's json, or None when the lease was lost."""
-    final = dumps(FinalEvent(finish_reason=FinishReason.LENGTH))
+    final = FinalEvent(finish_reason=FinishReason.LENGTH)
     output = f'{{"text": "{text}", "token_ids": {list(range(n))}}}'.encode()
     finish = Finish(c.request_id, c.lease_token, final, output, Fate.FINISHED)
     finished = finish.parse(Scripts(r).run(finish.call(Keys(), s.result_ttl_s)))
@@ -182,7 +182,7 @@ def test_a_final_is_stored_as_the_worker_wrote_it_with_its_timings_added(
     error = 'bad {"timings": {"total_s": 1}, "x": "}"} \\ \u00e9'
     vector = (0.1234567890123456789, -1e-30, 3.0000000000000004)
     event = FinalEvent(finish_reason=FinishReason.ERROR, error=error, embedding=vector)
-    finish = Finish(c.request_id, c.lease_token, dumps(event), b"{}", Fate.FAILED)
+    finish = Finish(c.request_id, c.lease_token, event, b"{}", Fate.FAILED)
     finished = finish.parse(Scripts(client.redis).run(finish.call(Keys(), 60)))
     assert finished is not None
     stored_json = client.redis.hget(Keys().request(h.id), "final")
@@ -276,7 +276,7 @@ def test_a_request_written_by_hand_without_fields_still_has_a_readable_status(
 
 
 def _final_alone(c: Claimed, num_published: int | None) -> Finish:
-    final = dumps(FinalEvent(finish_reason=FinishReason.LENGTH))
+    final = FinalEvent(finish_reason=FinishReason.LENGTH)
     return Finish(c.request_id, c.lease_token, final, b'{"text":"","token_ids":[]}',
                   Fate.FINISHED, num_published)  # fmt: skip
 
@@ -331,7 +331,7 @@ def test_a_final_written_with_its_first_tokens_times_them(client: Client) -> Non
     (c,) = claim(client.redis, client.settings, 1)
     event = dumps(TokenEvent(index=0, token_ids=(3, 4), text="ok"))
     output = b'{"text": "ok", "token_ids": [3, 4]}'
-    final = Final(dumps(FinalEvent(finish_reason=FinishReason.STOP)), output, Fate.FINISHED)
+    final = Final.of(FinalEvent(finish_reason=FinishReason.STOP), output, Fate.FINISHED)
     publish = Publish([TokenPublish(c.request_id, c.lease_token, event, 0, 2, final)])
     (call,) = publish.calls(Keys(), client.settings.result_ttl_s, cluster=True)
     (written,) = publish.parse([Scripts(client.redis).run(call)])

@@ -69,9 +69,7 @@ class World:
         self.scripts.run(call)
 
     def finish(self, claimed: Claimed, reason: FinishReason, state: str = "finished") -> None:
-        final = dumps(
-            FinalEvent(finish_reason=reason, error="boom" if state != "finished" else None)
-        )
+        final = FinalEvent(finish_reason=reason, error="boom" if state != "finished" else None)
         output = b'{"text": "", "token_ids": []}'
         finish = Finish(claimed.request_id, claimed.lease_token, final, output, Fate(state))
         drive(self.scripts, finish_flow(self.keys, self.settings, finish))

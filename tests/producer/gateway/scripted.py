@@ -13,7 +13,7 @@ from shared.chat import ChatFeatures
 from shared.connection import close, connect, is_cluster
 from shared.flows import claim_flow, drive, finish_flow
 from shared.keys import Keys, model_tag
-from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent, Usage, dumps
+from shared.models import FinalEvent, FinishReason, GenerationRequest, TokenEvent, Usage
 from shared.ops.claim import Claim, Claimed
 from shared.ops.moves import Fate
 from shared.ops.publish import Finish, Publish, PublishCode, TokenPublish, slot_of
@@ -170,7 +170,7 @@ class ScriptedWorker:
     def _finish(self, run: _Running, reason: FinishReason) -> None:
         c, n = run.claimed, run.num_sent
         usage = Usage(prompt_tokens=3, completion_tokens=n)
-        final = dumps(FinalEvent(finish_reason=reason, usage=usage))
+        final = FinalEvent(finish_reason=reason, usage=usage)
         output = dumps_output("".join(self._text(i) for i in range(n)), list(range(n)))
         state = Fate.CANCELLED if reason is FinishReason.CANCELLED else Fate.FINISHED
         finish = Finish(c.request_id, c.lease_token, final, output, state)
