@@ -19,6 +19,7 @@ from rich.console import Console
 
 from producer.client import Client
 from producer.embedded import EmbeddedRedis, die_with_parent, free_port, up_state_file
+from producer.up_ready import Gateway, say_up, wait_until_serving
 from shared.registry import mark_served
 from shared.settings import Settings
 
@@ -47,11 +48,11 @@ def run_up(model: str, port: int | None, console: Console) -> None:
         state.write_text(server.url)
         announce_model(server.url, model)
         procs.append(_tokenq("worker", "--redis", server.url, "--model", model))
-        procs += _gateway(server.url, port, console)
-        console.print(
-            f"[bold]tokenq is up[/]: Redis {server.url} ({server.kind}), worker on {model}"
-        )
-        console.print('From another shell:  [bold]tokenq submit "Tell me a joke" --stream[/]')
+        gateway_procs, gateway = _gateway(server.url, port, console)
+        procs += gateway_procs
+        console.print(f"waiting for the worker: {model} loads, then its self-check runs...")
+        if wait_until_serving(server.url, model, procs, gateway):
+            say_up(console, model, gateway, f"Redis {server.url} ({server.kind})")
         _wait_any(procs)
     except (KeyboardInterrupt, StopRequested):
         pass
@@ -95,10 +96,12 @@ def announce_model(redis_url: str, model: str) -> None:
         pipe.execute()
 
 
-def _gateway(redis_url: str, port: int | None, console: Console) -> list[subprocess.Popen[bytes]]:
+def _gateway(
+    redis_url: str, port: int | None, console: Console
+) -> tuple[list[subprocess.Popen[bytes]], Gateway | None]:
     if importlib.util.find_spec("fastapi") is None:
         console.print("[dim]no gateway: install tokenq[gateway] for HTTP and the dashboard[/]")
-        return []
+        return [], None
     port = port or (GATEWAY_PORT if _port_free(GATEWAY_PORT) else free_port())
     token = os.environ.get("TOKENQ_ADMIN_TOKEN") or secrets.token_urlsafe(18)
     proc = _tokenq(
@@ -111,9 +114,7 @@ def _gateway(redis_url: str, port: int | None, console: Console) -> list[subproc
         "warning",
         env={"TOKENQ_ADMIN_TOKEN": token},
     )
-    console.print(f"HTTP (OpenAI-compatible): http://127.0.0.1:{port}/v1")
-    console.print(f"Dashboard: http://127.0.0.1:{port}/admin/#token={token}")
-    return [proc]
+    return [proc], Gateway(port, token)
 
 
 def _tokenq(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

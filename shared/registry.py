@@ -15,6 +15,9 @@ from shared.settings import Settings
 # Registry fields: the worker's ModelLimits JSON, and 1 when it serves structured outputs.
 LIMITS_FIELD = "limits"
 GUIDED_FIELD = "guided"
+# A worker's ``state`` field once its engine is loaded and has passed its self-check
+# (before that ``loading``; ``draining`` while it stops).
+SERVING_STATE = "serving"
 # Enough for any real fleet; bounds the work of whoever sweeps or lists all models.
 KNOWN_MODELS_LIMIT = 1000
 

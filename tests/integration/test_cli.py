@@ -15,6 +15,8 @@ import pytest
 from shared.settings import DEFAULT_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# `tokenq up` says it is up once its worker serves: the model loaded and self-checked.
+UP_TIMEOUT_S = 300
 
 
 def _tokenq(*args: str) -> list[str]:
@@ -41,7 +43,7 @@ class Output(threading.Thread):
         return line.split(": ", 1)[1].strip().removesuffix("/v1")
 
     def wait_until_up(self) -> str:
-        if not self.up.wait(timeout=120):
+        if not self.up.wait(timeout=UP_TIMEOUT_S):
             pytest.fail("tokenq up did not come up:\n" + "".join(self.lines))
         return next(line for line in self.lines if "tokenq is up" in line)
 
