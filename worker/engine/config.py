@@ -51,8 +51,8 @@ class EngineConfig:
     With ``async_scheduling`` the host schedules step N+1, builds its inputs and
     post-processes step N-1 while step N runs; sampled ids feed the next step on the
     device (``worker.engine.overlap``). On CUDA and the timed forward it is on unless
-    set off (on an H200 it gave 1.45x the synchronous engine's tokens/s, figures in the
-    README); on the CPU's own forward it is off unless set on (``CPU_DEFAULTS``).
+    set off (the host's work then hides behind the device's; docs/benchmarks.md has the
+    figures); on the CPU's own forward it is off unless set on (``CPU_DEFAULTS``).
     ``timed_forward_ms`` replaces the model's forward with a wait of that long that
     does not hold the GIL and returns deterministic token ids, everything else real:
     a device-like forward on the CPU, for benchmarks and tests of the host's share of
@@ -175,8 +175,8 @@ class EngineConfig:
 
 # The CPU's own forward computes on the cores the host's work needs: run on an executor
 # thread beside the loop (asynchronous scheduling), its OpenMP team and the loop
-# thread's spin on the same two cores, and the default model gave 335-346 tok/s
-# against 471-506 synchronous (bench/engine.py --quick, 2 cores, two runs each).
+# thread's spin share the same cores, so the CPU schedules synchronously by default
+# (bench/engine.py --quick compares them; docs/benchmarks.md).
 CPU_DEFAULTS: dict[str, Any] = {
     "async_scheduling": False,
     "max_num_seqs": 64,

@@ -3,8 +3,8 @@
 Decode rows run as a few padded SDPAs over their contexts (rows of similar length
 together), gathered from their blocks; each multi-token (prefill) chunk runs as its
 own causal SDPA. Gathering into SDPA was chosen by measurement on the CPU: the
-gather copies each decode row's context once per layer (for 64 rows of 170 tokens
-of SmolLM2-135M, about as long as SDPA itself), and a step's linear layers dominate.
+gather copies each decode row's context once per layer, which costs about what SDPA
+itself does, and a step's linear layers dominate either way.
 A prefill chunk at its sequence's start reads its own new keys and values and
 gathers nothing. Every index is a tensor built once per step, for each window size
 the model's layers use: a sliding-window layer gathers only the window.

@@ -10,11 +10,11 @@ the groups (``x_g @ A_g.T @ B_g.T``) and one ``index_add`` into the base output,
 whatever the mix of adapters and base rows: a handful of ops, and only the rows that
 use an adapter are computed.
 
-Measured on the CPU (``bench/lora_ops.py``, q/k/v of the default model, 4 adapters of
-rank 16), this grouped form beat a dense one over all slots with a one-hot mask
-(every row times every adapter), one matmul pair per adapter (a few small ops per
-adapter, site and layer), and gathering each token's own ``A`` and ``B`` for a bmm
-(a ``tokens x rank x hidden`` copy per site and layer).
+The grouped form computes only what is used, where the alternatives do not: a dense
+form over all slots with a one-hot mask multiplies every row by every adapter, one
+matmul pair per adapter costs a few small ops per adapter, site and layer, and
+gathering each token's own ``A`` and ``B`` for a bmm copies ``tokens x rank x hidden``
+per site and layer (``bench/lora_ops.py`` compares the four).
 
 Adapters load on demand (read from disk when a request brings one that is not
 resident); once ``max_loras`` are resident the least recently used one that the

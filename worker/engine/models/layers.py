@@ -8,9 +8,9 @@ self-check's reference) keeps working on the same memory.
 
 On the CPU every projection and the LM head run through oneDNN with the weight
 reordered once into its blocked layout (:class:`Projection`), rather than through
-``functional.linear`` (MKL's sgemm): faster at every shape from 8 rows to 512 on
-the 2-core box (``bench/engine.py`` has the figures), at the cost of one more copy
-of the projection weights in host memory.
+``functional.linear`` (MKL's sgemm): the blocked layout suits the small, skinny
+matmuls of a step at every batch size the engine runs (``bench/engine.py``), at the
+cost of one more copy of the projection weights in host memory.
 """
 
 from __future__ import annotations

@@ -102,8 +102,7 @@ def causal_conv(
     (``[rows, channels, tokens]``) after each row's window ``conv_state`` (its last
     ``kernel - 1`` inputs, advanced in place). On the CPU, one token a row (decode
     rows) is the weighted sum of each window instead of a convolution: the same sums,
-    in another order, for about half the time (32 rows of 512 channels, kernel 4:
-    114 -> 65 us; with prefill chunks, the convolutions were 15% of a Qwen3.5 step)."""
+    in another order, without a convolution's set-up for a window of a few inputs."""
     if x.shape[-1] != 1 or x.device.type != "cpu":
         return causal_conv1d_update(x, conv_state, weight, bias, activation)  # type: ignore[no-any-return]
     window = torch.cat([conv_state, x], dim=-1).to(weight.dtype)
