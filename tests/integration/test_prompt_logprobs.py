@@ -58,9 +58,8 @@ def test_echo_with_logprobs_and_no_tokens_scores_the_prompt(
             score.top_logprobs[:1], abs=TOLERANCE
         )
     assert logprobs.text_offset is not None
-    assert [PROMPT[at:] .startswith(t) for at, t in zip(logprobs.text_offset, logprobs.tokens)] == [
-        True
-    ] * len(prompt_ids)
+    offsets = zip(logprobs.text_offset, logprobs.tokens, strict=True)
+    assert all(PROMPT.startswith(token, at) for at, token in offsets)
 
 
 def test_echo_of_token_ids_spells_them_before_the_completion(
@@ -120,7 +119,9 @@ def test_prompt_logprobs_on_completions_and_chat(
     )
     tokenizer: Any = AutoTokenizer.from_pretrained(default_model_dir)
     chat_ids = list(
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
     )
     assert chat.usage is not None and chat.usage.prompt_tokens == len(chat_ids)
     chat_want = prompt_logprobs_reference(default_model_dir, [chat_ids], 2)[0]
@@ -156,7 +157,10 @@ def test_a_prefix_cache_hit_still_gives_every_prompt_logprob(
         ({"prompt": PROMPT, "extra_body": {"prompt_logprobs": 21}}, "prompt_logprobs"),
         ({"prompt": PROMPT, "echo": True, "logprobs": 1, "stream": True}, "stream"),
         (
-            {"prompt": [1] * (MAX_PROMPT_LOGPROBS_TOKENS + 1), "extra_body": {"prompt_logprobs": 0}},
+            {
+                "prompt": [1] * (MAX_PROMPT_LOGPROBS_TOKENS + 1),
+                "extra_body": {"prompt_logprobs": 0},
+            },
             "prompt_logprobs",
         ),
     ],
@@ -176,3 +180,21 @@ def test_chat_max_tokens_zero_without_scoring_is_a_400(client: openai.OpenAI) ->
             model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=0
         )
     assert raised.value.body["param"] == "max_tokens"  # type: ignore[index]
+
+
+def test_the_python_clients_result_carries_them(
+    client: openai.OpenAI, redis_server: Any, prompt_ids: list[int], want: list[PromptScore]
+) -> None:
+    from producer import Client
+
+    with Client(redis_server.url) as tokenq:
+        result = tokenq.submit(PROMPT, prompt_logprobs=2, max_tokens=0).result(timeout=120)
+    scores = result.prompt_logprobs
+    assert scores is not None and result.token_ids == () and result.finish_reason == "length"
+    assert [s["token_id"] for s in scores] == prompt_ids
+    assert scores[0]["logprob"] is None
+    assert [s["logprob"] for s in scores[1:]] == pytest.approx(
+        [s.logprob for s in want], abs=TOLERANCE
+    )
+    assert [[t["token_id"] for t in s["top"]] for s in scores[1:]] == [s.top_ids for s in want]
+    assert "".join(s["token"] for s in scores) == PROMPT
