@@ -7,7 +7,14 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from shared.guided import UnsupportedSchema, check_json_schema
 from shared.priority import Priority, parse_priority
@@ -15,6 +22,10 @@ from shared.priority import Priority, parse_priority
 SCHEMA_VERSION = 1
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+# Prompt logprobs (scoring a prompt): the most alternatives a prompt position lists, and
+# the most prompt tokens a request may ask them for (each is a stored entry of the final).
+MAX_PROMPT_LOGPROBS = 20
+MAX_PROMPT_LOGPROBS_TOKENS = 8192
 MAX_METADATA_ITEMS = 32
 MAX_LOGIT_BIAS_ITEMS = 300
 MAX_GUIDED_JSON_BYTES = 64_000
@@ -87,7 +98,15 @@ class SamplingParams(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    max_tokens: int = Field(256, ge=1, le=MAX_MAX_TOKENS)
+    # Before max_tokens, whose check reads it.
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_PROMPT_LOGPROBS,
+        description="each prompt token's logprob and this many top alternatives (the first"
+        " token's is null); the final event carries them",
+    )
+    max_tokens: int = Field(256, ge=0, le=MAX_MAX_TOKENS)
     min_tokens: int = Field(0, ge=0, le=MAX_MAX_TOKENS)
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -121,6 +140,16 @@ class SamplingParams(_Strict):
         description="an xgrammar structural tag ({'type': 'structural_tag', 'format': ...}): "
         "free text with constrained parts, such as a model's own tool-call format",
     )
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _generates(cls, max_tokens: int, info: ValidationInfo) -> int:
+        if max_tokens == 0 and info.data.get("prompt_logprobs") is None:
+            raise ValueError(
+                "0 generates nothing, which only scoring a prompt asks for: give "
+                "prompt_logprobs (or echo with logprobs on /v1/completions), or max_tokens >= 1"
+            )
+        return max_tokens
 
     @field_validator("temperature")
     @classmethod
@@ -188,6 +217,7 @@ OPENAI_PASSTHROUGH_SAMPLING = (
     "logit_bias",
     "guided_json",
     "guided_regex",
+    "prompt_logprobs",
 )
 
 
@@ -303,6 +333,7 @@ class GenerationRequest(_Strict):
             raise ValueError("dimensions applies to embed requests only")
         if TENANT_WEIGHT in self.metadata:
             check_weight(self.metadata[TENANT_WEIGHT])
+        _check_prompt_logprobs(self)
         return self
 
     @property
@@ -321,6 +352,21 @@ class GenerationRequest(_Strict):
         if self.prompt_token_ids is not None:
             return len(self.prompt_token_ids) * CHARS_PER_TOKEN_ID
         return sum(len(m.content) for m in self.messages or ())
+
+
+def _check_prompt_logprobs(req: GenerationRequest) -> None:
+    """Prompt logprobs only for generation, and for at most MAX_PROMPT_LOGPROBS_TOKENS
+    prompt tokens (a text prompt's count is the worker's to check)."""
+    if req.sampling.prompt_logprobs is None:
+        return
+    if req.task == "embed":
+        raise ValueError("prompt_logprobs applies to generate requests only")
+    num_tokens = len(req.prompt_token_ids or ())
+    if num_tokens > MAX_PROMPT_LOGPROBS_TOKENS:
+        raise ValueError(
+            f"prompt_logprobs: asked for a prompt of {num_tokens} tokens; they are given for "
+            f"at most {MAX_PROMPT_LOGPROBS_TOKENS} prompt tokens a request"
+        )
 
 
 def _json(value: object) -> bytes:
@@ -498,6 +544,12 @@ class FinalEvent(_Strict):
     embedding: tuple[float, ...] | None = Field(
         None, description="an embed request's L2-normalised vector"
     )
+    prompt_logprobs: tuple[dict[str, Any], ...] | None = Field(
+        None,
+        description="with sampling.prompt_logprobs: per prompt token its token_id, token"
+        " (text) and bytes where the text is part of a character, logprob (null for the"
+        " first token), rank (1: the likeliest) and top: the likeliest alternatives",
+    )
 
 
 Event = Annotated[TokenEvent | FinalEvent, Field(discriminator="type")]
@@ -520,6 +572,7 @@ class Result(_Strict):
     timings: Timings
     error: str | None = None
     embedding: tuple[float, ...] | None = None
+    prompt_logprobs: tuple[dict[str, Any], ...] | None = None
 
 
 def dumps(model: BaseModel) -> bytes:

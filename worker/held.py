@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -53,12 +54,16 @@ class Held:
         num_more: int = 0,
         error: str | None = None,
         embedding: list[float] | None = None,
+        prompt_logprobs: list[dict[str, Any]] | None = None,
     ) -> FinalEvent:
         usage = Usage(
             prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids) + num_more
         )
         vector = None if embedding is None else tuple(embedding)
-        return FinalEvent(finish_reason=reason, usage=usage, error=error, embedding=vector)
+        scores = None if prompt_logprobs is None else tuple(prompt_logprobs)
+        return FinalEvent(
+            finish_reason=reason, usage=usage, error=error, embedding=vector, prompt_logprobs=scores
+        )
 
 
 @dataclass

@@ -116,7 +116,8 @@ def final_of(
     """The final of ``held``, counting ``more`` (this write's tokens) in."""
     ids, text = (more.new_token_ids, more.text) if more is not None else ([], "")
     embedding = more.embedding if more is not None else None
-    final = held.final(reason, len(ids), error, embedding)
+    scores = more.prompt_logprobs if more is not None else None
+    final = held.final(reason, len(ids), error, embedding, scores)
     return Final.of(final, held.output_json(ids, text), _fate(reason, state))
 
 

@@ -67,6 +67,8 @@ LIVE_ONLY = {
     "priority": "a batch line runs at the batch's priority; set priority on the batch",
     "idempotency_key": "a batch line's requests are keyed by the batch id and custom_id",
     "stream": "a batch line's answer goes to the output file; leave stream out or false",
+    "echo": "a batch line's answer is not rendered with its prompt; leave echo out or false",
+    "prompt_logprobs": "a batch line's answer does not carry prompt logprobs; leave it out",
 }
 # The driver adds batch_id, custom_id and tenant to each line's metadata.
 MAX_LINE_METADATA = MAX_METADATA_ITEMS - 3
@@ -258,7 +260,7 @@ PARSERS: dict[Kind, Callable[[str, Body, Reading], BatchLine]] = {
 def _validated(model: type[M], body: Body) -> M:
     for name, why in LIVE_ONLY.items():
         value = body.get(name)
-        if value is not None and not (name == "stream" and value is False):
+        if value is not None and not (name in ("stream", "echo") and value is False):
             raise invalid(f"{name}: {why}", name, "unsupported")
     try:
         return model.model_validate(body)

@@ -23,6 +23,7 @@ from producer.openai.output import (
     failure,
     stream_end,
 )
+from producer.openai.prompt_scores import PromptView, completion_view
 from producer.openai.requests import Origin, chat_request, completion_request
 from producer.openai.responses import ChatCompletion, Completion, ModelCard, ModelList
 from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
@@ -67,8 +68,9 @@ async def chat_completions(
     plan = chat_request(body, origin(caller, body.priority), features)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     model = plan.requests[0].model
+    view = PromptView(vllm_top=body.prompt_logprobs)
     renderers = [
-        Renderer("chat", "", model, include_usage, i, plan.tools, plan.reasoning)
+        Renderer("chat", "", model, include_usage, i, plan.tools, plan.reasoning, prompt=view)
         for i in range(body.n)
     ]
     whole: Whole = lambda finals: chat_completion(renderers, finals, body.logprobs)  # noqa: E731
@@ -94,9 +96,10 @@ async def completions(
     prompts = completion_request(body, origin(caller, body.priority))
     gens = [gen for prompt in prompts for gen in choice_requests(prompt, body.n)]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    views = [completion_view(body, gen.prompt) for gen in gens]
     renderers = [
-        Renderer("text", "", gens[0].model, include_usage, i, prompt_index=i // body.n)
-        for i in range(len(gens))
+        Renderer("text", "", gens[0].model, include_usage, i, prompt_index=i // body.n, prompt=v)
+        for i, v in enumerate(views)
     ]
     want_logprobs = body.logprobs is not None
     whole: Whole = lambda finals: completion(renderers, finals, want_logprobs)  # noqa: E731

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from producer.openai.answers import DONE, sse_data, text_logprobs, token_logprobs, total_usage
 from producer.openai.errors import ApiError, ErrorDetail, ErrorResponse
+from producer.openai.prompt_scores import PromptView, joined
 from producer.openai.reasoning import ReasoningPlan
 from producer.openai.reply import Delta, ReplyReader
 from producer.openai.responses import (
@@ -92,6 +93,9 @@ class Renderer:
     reader: ReplyReader | None = None  # the streamed reply's
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)  # of text still held
     num_calls_sent: int = 0
+    prompt: PromptView = field(
+        default_factory=PromptView
+    )  # echo and vLLM's prompt_logprobs (prompt_scores)
 
     @property
     def id(self) -> str:
@@ -237,15 +241,18 @@ class Renderer:
         )
 
     def completion_choice(self, final: FinalEvent, want_logprobs: bool) -> CompletionChoice:
-        offsets, at = [], 0
+        scores, echoed = final.prompt_logprobs, self.prompt.echoed(final.prompt_logprobs)
+        offsets, at = [], len(echoed)
         for part in self.text_parts:
             offsets.append(at)
             at += len(part)
+        logprobs = text_logprobs(self.logprobs, offsets) if want_logprobs else None
         return CompletionChoice(
             index=self.index,
-            text=self.text,
-            logprobs=text_logprobs(self.logprobs, offsets) if want_logprobs else None,
+            text=echoed + self.text,
+            logprobs=joined(self.prompt.echo_logprobs(scores), logprobs),
             finish_reason=final.finish_reason.value,
+            prompt_logprobs=self.prompt.vllm(scores),
         )
 
 
@@ -273,6 +280,7 @@ def chat_completion(
         model=first.model,
         choices=[r.chat_choice(f, want_logprobs) for r, f in zip(renderers, finals, strict=True)],
         usage=usage_of(renderers, finals),
+        prompt_logprobs=first.prompt.vllm(finals[0].prompt_logprobs),  # at the top, as vLLM's
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from producer.openai.errors import from_validation_errors, invalid
+from producer.openai.prompt_scores import check_scoring, completion_sampling
 from producer.openai.reasoning import ReasoningPlan
 from producer.openai.schemas import (
     MAX_DEADLINE_S,
@@ -169,8 +170,6 @@ def _add_guide(
 def completion_request(body: CompletionRequest, origin: Origin) -> list[GenerationRequest]:
     """One request per prompt (a text or token ids); a prompt's n choices are the caller's."""
     _check_common(body)
-    if body.echo:
-        raise invalid("echo is not supported; prepend the prompt yourself", "echo", "unsupported")
     if body.best_of not in (None, 1):
         raise invalid("only best_of=1 is supported", "best_of", "unsupported")
     if body.suffix:
@@ -182,7 +181,7 @@ def completion_request(body: CompletionRequest, origin: Origin) -> list[Generati
             f"prompt: {len(prompts)} prompts of n={body.n} choices are more than {MAX_CHOICES}"
         )
         raise invalid(message + "; send fewer at a time", "prompt")
-    return [_build(body, origin, p, sampling, None) for p in prompts]
+    return [_build(body, origin, p, completion_sampling(body, p, sampling), None) for p in prompts]
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[dict[str, Any]]:
@@ -203,6 +202,7 @@ def _check_common(body: GenerationBody) -> None:
         raise invalid(f"n: must be from 1 to {MAX_N} (got {body.n})", "n")
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options needs stream: true", "stream_options")
+    check_scoring(body)
 
 
 def to_prompt_message(message: ChatMessageIn, native: bool = False) -> dict[str, Any]:

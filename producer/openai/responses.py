@@ -33,6 +33,18 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob]
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's prompt_logprobs entry: a prompt token's, or a likelier alternative's."""
+
+    logprob: float
+    rank: int = Field(description="1 + the number of tokens more likely")
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: per prompt token (the first null), token id -> its entry.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None
 
@@ -66,6 +78,9 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: CompletionUsage
+    prompt_logprobs: PromptLogprobs | None = Field(
+        None, exclude_if=_absent, description="vLLM: with prompt_logprobs"
+    )
 
 
 class ToolCallDelta(ToolCall):
@@ -97,9 +112,10 @@ class ChatCompletionChunk(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
+    # An echoed prompt's first token has no logprob (null, as OpenAI's).
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 
@@ -108,6 +124,9 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(
+        None, exclude_if=_absent, description="vLLM: with prompt_logprobs"
+    )
 
 
 class Completion(BaseModel):

@@ -85,6 +85,9 @@ class GenerationBody(QueueFields):
     repetition_penalty: float | None = _sampled("repetition_penalty")
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = _sampled("stop_token_ids")
+    prompt_logprobs: int | None = _sampled(
+        "prompt_logprobs", "vLLM: each prompt token's logprob and this many alternatives"
+    )
 
 
 class TextPart(BaseModel):
@@ -174,6 +177,6 @@ class CompletionRequest(GenerationBody):
         description="a text, a list of token ids, or a list of either (one completion each)"
     )
     logprobs: int | None = _sampled("logprobs")
-    echo: bool = Field(False, json_schema_extra={"enum": [False]})
+    echo: bool = Field(False, description="the prompt before the completion (not streamed)")
     best_of: int | None = None
     suffix: str | None = None

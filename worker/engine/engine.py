@@ -23,6 +23,7 @@ from worker.engine.model_runner import ModelRunner, pick_device
 from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import InFlight
 from worker.engine.pooling import Pooler
+from worker.engine.prompt_logprobs import PromptScores, add_step_scores, check_prompt_length
 from worker.engine.prompt_tokens import TokenizerPrompts
 from worker.engine.request import EngineRequest, SeqStatus, Sequence
 from worker.engine.runner_support import device_broken
@@ -68,6 +69,7 @@ class Engine(TokenizerPrompts):
         )
         self._seq_numbers = itertools.count()
         self.outputs = TokenOutputs(self.tokenizer, self.runner.eos_token_ids, self.max_model_len)
+        self.prompt_scores = PromptScores(self.outputs.token_names)
         # The sequences with a deadline, the only ones each step checks for one.
         self._deadlines: dict[str, Sequence] = {}
         self._pending_finish: dict[str, tuple[Sequence, FinishReason]] = {}
@@ -138,7 +140,11 @@ class Engine(TokenizerPrompts):
         if req.deadline_unix_s is not None:
             self._deadlines[req.request_id] = seq
         self.scheduler.add(seq)
-        if seq.num_output_tokens >= req.sampling.max_tokens:
+        # One that asks for prompt logprobs runs its prefill for them whatever it generates.
+        if (
+            seq.num_output_tokens >= req.sampling.max_tokens
+            and req.sampling.prompt_logprobs is None
+        ):
             self._pending_finish[req.request_id] = (seq, FinishReason.LENGTH)
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
@@ -236,6 +242,7 @@ class Engine(TokenizerPrompts):
         for item in sched_out.scheduled:
             if item.seq.status is SeqStatus.RUNNING:
                 self.kv_cache.cache_full_blocks(item.seq)
+        add_step_scores(self.prompt_scores, sched_out, runner_out)
         outputs = []
         for at, (item, index, logprobs) in enumerate(
             zip(sched_out.sampled, done.token_index, runner_out.logprobs, strict=True)
@@ -286,6 +293,7 @@ class Engine(TokenizerPrompts):
         if req.embed:
             self._validate_embed(req)
             return
+        check_prompt_length(req)
         num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
         limit, what = self._context_limit()
@@ -380,6 +388,7 @@ class Engine(TokenizerPrompts):
         self.scheduler.finish(seq, reason)
         self.outputs.end(seq.request_id)
         self.pooler.discard(seq.request_id)
+        self.prompt_scores.discard(seq.request_id)
         return RequestOutput(
             seq.request_id,
             seq.num_output_tokens,
@@ -394,6 +403,7 @@ class Engine(TokenizerPrompts):
     def _postprocess(
         self, sched_out: SchedulerOutput, runner_out: RunnerOutput
     ) -> list[RequestOutput]:
+        add_step_scores(self.prompt_scores, sched_out, runner_out)
         outputs = []
         for at, (item, logprobs) in enumerate(
             zip(sched_out.sampled, runner_out.logprobs, strict=True)
@@ -467,6 +477,10 @@ class Engine(TokenizerPrompts):
         """The output for ``seq``'s token at ``index`` (default: its last); a token that
         ends it ends it here."""
         out = self.outputs.output(seq, logprobs, index)
+        if out.finish_reason is not None and seq.sampling.prompt_logprobs is not None:
+            out.prompt_logprobs = self.prompt_scores.take(
+                seq.request_id, seq.request.prompt_token_ids
+            )
         if out.finish_reason is not None:
             seq.drop_pending()  # tokens computed after the last one (asynchronous steps)
             self.scheduler.finish(seq, out.finish_reason)

@@ -78,8 +78,12 @@ class KVCacheManager:
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks that hold ``seq``'s first tokens, in order. One token is
         always left out, so that computing it yields the logits to sample from. An
-        embed request takes none: pooling needs every token's hidden state."""
-        if not self.enable_prefix_caching or seq.block_table or seq.request.embed:
+        embed request takes none: pooling needs every token's hidden state; nor does
+        one asking for prompt logprobs: they need every prompt position's logits."""
+        request = seq.request
+        if not self.enable_prefix_caching or seq.block_table or request.embed:
+            return []
+        if request.sampling.prompt_logprobs is not None:
             return []
         blocks: list[int] = []
         for digest in self._digests(seq, (seq.num_tokens - 1) // self.block_size):

@@ -27,6 +27,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedTokenizerBase
 
+from worker.engine import prompt_logprobs
 from worker.engine.config import EngineConfig
 from worker.engine.cpu_attention import CpuBackend
 from worker.engine.cuda_graphs import PagedBackend, StepGraphs
@@ -305,17 +306,29 @@ class ModelRunner:
         Rows whose own part failed are named in ``errors`` (their tokens are void)."""
         errors = {} if errors is None else errors
         with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
+            prompt = None  # the timed forward scores no prompt: such requests end in error
             if self.timed_device is not None:
                 token_ids = self._timed_forward(inputs, prev_ids)
                 packed, pooled = timed_pack(token_ids, rows), []
             else:
                 logits, hidden = self.forward(inputs, prev_ids)
-                token_ids, packed = self.sampler.sample(logits, rows, errors)
+                num_sampled = len(inputs.sample_index)
+                token_ids, packed = self.sampler.sample(logits[:num_sampled], rows, errors)
                 pooled = self._pool(hidden, inputs.pool_lengths)
+                prompt = self._prompt_scores(logits[num_sampled:], inputs)
             host, ready = to_host(packed)
+            if prompt is not None:  # copied after the ids: its event marks both done
+                prompt, ready = to_host(prompt)
         if self.timed_device is not None:
             ready = self.timed_device.run()  # the step's end, which reading it waits for
-        return StepResult(token_ids, host, pooled, ready, errors)
+        return StepResult(token_ids, host, pooled, ready, errors, prompt, inputs.prompt_spans)
+
+    def _prompt_scores(self, logits: torch.Tensor, inputs: StepInputs) -> torch.Tensor | None:
+        """The scored prompt tokens' packed logprobs (``worker.engine.prompt_logprobs``)."""
+        if not inputs.prompt_index:
+            return None
+        num_top = max(num_top for _, num_top in inputs.prompt_spans)
+        return prompt_logprobs.pack(logits, self._tensor(inputs.prompt_targets), num_top)
 
     def _timed_forward(self, inputs: StepInputs, prev_ids: torch.Tensor | None) -> torch.Tensor:
         """The timed forward's ids (a hash of each sampling row's last token); its wait
@@ -351,7 +364,7 @@ class ModelRunner:
         batch = ForwardBatch(
             self._token_tensor(inputs, prev_ids),
             self._tensor(inputs.positions),
-            self._tensor(inputs.sample_index),
+            self._tensor(inputs.sample_index + inputs.prompt_index),  # sampling rows first
             self.backend.step(inputs),
             self._tensor(inputs.pool_index) if inputs.pool_index else None,
             inputs.rope_lens,
@@ -370,7 +383,11 @@ class ModelRunner:
     def _graph_fits(self, inputs: StepInputs) -> bool:
         assert self.graphs is not None and isinstance(self.forward_fn, DecoderModel)
         rotary = self.forward_fn.rotary
-        return self.graphs.can_run(inputs) and rotary.base_only(inputs.rope_lens)
+        return (
+            self.graphs.can_run(inputs)
+            and rotary.base_only(inputs.rope_lens)
+            and not inputs.prompt_index  # a graph's logits are the sampling rows' only
+        )
 
     def _lora_batch(self, inputs: StepInputs) -> Any:
         if self.lora is None:

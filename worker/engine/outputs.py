@@ -39,6 +39,18 @@ class ScheduledSeq:
         return self.seq.request.embed
 
     @property
+    def num_prompt_scores(self) -> int:
+        """Prompt tokens this chunk's logits score (``sampling.prompt_logprobs``): the
+        logits at position ``p`` score token ``p + 1``; the last prompt token's are the
+        sample's (``worker.engine.prompt_logprobs``)."""
+        seq = self.seq
+        if seq.request.sampling.prompt_logprobs is None:
+            return 0
+        return max(
+            0, min(self.start_pos + self.num_tokens, seq.num_prompt_tokens - 1) - self.start_pos
+        )
+
+    @property
     def completes_prompt(self) -> bool:
         return self.start_pos + self.num_tokens == self.seq.num_tokens
 
@@ -71,6 +83,8 @@ class RunnerOutput:
     pooled: list[list[float]] = field(default_factory=list)
     # Per index into ``token_ids``: why that row's request failed (its token is void).
     errors: dict[int, str] = field(default_factory=dict)
+    # Per scheduled item with ``num_prompt_scores``, in order: its prompt tokens' entries.
+    prompt_logprobs: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass(slots=True)  # made per row per step
@@ -88,6 +102,9 @@ class RequestOutput:
     # What was wrong, for a request that ends with FinishReason.ERROR.
     error: str | None = None
     embedding: list[float] | None = None
+    # With sampling.prompt_logprobs, on its last output: per prompt token, its entry
+    # (the first token's logprob None).
+    prompt_logprobs: list[dict[str, Any]] | None = None
 
     @property
     def finished(self) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from worker.engine import prompt_logprobs
 from worker.engine.outputs import RunnerOutput, SchedulerOutput
 from worker.engine.sampler import SamplingRow, unpack
 
@@ -45,12 +46,20 @@ class StepResult:
     pooled: list[list[float]] = field(default_factory=list)
     ready: Any = None  # a CUDA event, where the copy is asynchronous
     errors: dict[int, str] = field(default_factory=dict)  # rows that failed (their own part)
+    # Prompt logprobs: the packed scores on the host, and each scoring row's span.
+    prompt_packed: torch.Tensor | None = None
+    prompt_spans: list[tuple[int, int]] = field(default_factory=list)
 
     def runner_output(self, rows: list[SamplingRow]) -> RunnerOutput:
         if self.ready is not None:
             self.ready.synchronize()  # this step's copy only, not the steps queued after
         token_ids, logprobs = unpack(self.packed, rows)
-        return RunnerOutput(token_ids, logprobs, self.pooled, self.errors)
+        prompt: list[list[dict[str, Any]]] = [
+            [] for _ in self.prompt_spans
+        ]  # the timed forward's: none
+        if self.prompt_packed is not None:
+            prompt = prompt_logprobs.unpack(self.prompt_packed, self.prompt_spans)
+        return RunnerOutput(token_ids, logprobs, self.pooled, self.errors, prompt)
 
 
 @dataclass

@@ -57,6 +57,12 @@ class StepInputs:
     sample_index: list[int] = field(default_factory=list)
     pool_index: list[int] = field(default_factory=list)
     pool_lengths: list[int] = field(default_factory=list)
+    # Prompt logprobs (``worker.engine.prompt_logprobs``): the tokens whose logits score
+    # the prompt token after them, those tokens, and per row that scores (in order) its
+    # number of scored tokens and of top alternatives.
+    prompt_index: list[int] = field(default_factory=list)
+    prompt_targets: list[int] = field(default_factory=list)
+    prompt_spans: list[tuple[int, int]] = field(default_factory=list)
     # Each token's rope length, for rope kinds that change with it (models.rotary).
     rope_lens: list[int] | None = None
     # Tokens still on the device (``PENDING`` in ``token_ids``): where each sits in the
@@ -71,7 +77,12 @@ class StepInputs:
         inputs = cls(rope_lens=None if rope_lens is None else [])
         decodes: list[ScheduledSeq] = []  # a run of one-token rows, added together
         for item in scheduled:
-            if item.num_tokens == 1 and rope_lens is None and not item.pool:
+            if (
+                item.num_tokens == 1
+                and rope_lens is None
+                and not item.pool
+                and not item.num_prompt_scores
+            ):
                 decodes.append(item)
                 continue
             inputs._add_decodes(decodes, block_size)
@@ -108,6 +119,16 @@ class StepInputs:
         if item.pool:
             self.pool_index.extend(range(start, end))
             self.pool_lengths.append(item.num_tokens)
+        self._add_prompt_scores(item, start)
+
+    def _add_prompt_scores(self, item: ScheduledSeq, start: int) -> None:
+        num_scores = item.num_prompt_scores
+        if not num_scores:
+            return
+        first = item.start_pos + 1  # the first prompt token this row's logits score
+        self.prompt_index.extend(range(start, start + num_scores))
+        self.prompt_targets.extend(item.seq.token_ids[first : first + num_scores])
+        self.prompt_spans.append((num_scores, item.seq.sampling.prompt_logprobs or 0))
 
     def _add_decodes(self, items: list[ScheduledSeq], size: int) -> None:
         """``add`` for a run of one-token rows, the most common by far: a column at a

@@ -86,10 +86,14 @@ class TokenOutputs:
         index = len(token_ids) - 1 if index is None else index
         token_id = token_ids[index]
         num_output_tokens = index + 1 - seq.num_prompt_tokens
+        params = seq.request.sampling
+        if num_output_tokens > params.max_tokens:
+            # A run that only scores its prompt (max_tokens 0, or resumed with every
+            # token it may generate): it ends with its prefill, this token unused.
+            return _scored_only(seq, num_output_tokens - 1)
         state = self.texts[seq.request.request_id]
         reason = _token_finish_reason(seq, token_id, state)
         delta = "" if reason is not None else state.detokenizer.add([token_id])
-        params = seq.request.sampling
         text, stopped = state.stop.add(delta, num_output_tokens >= params.min_tokens)
         if stopped:
             reason = FinishReason.STOP
@@ -120,6 +124,19 @@ class TokenOutputs:
             if raw is not None:
                 entry["bytes"] = raw
         return logprobs
+
+
+def _scored_only(seq: Sequence, num_output_tokens: int) -> RequestOutput:
+    return RequestOutput(
+        seq.request.request_id,
+        num_output_tokens,
+        [],
+        "",
+        FinishReason.LENGTH,
+        None,
+        seq.num_prompt_tokens,
+        num_output_tokens,
+    )
 
 
 def _token_finish_reason(seq: Sequence, token_id: int, state: TextState) -> FinishReason | None:
