@@ -41,13 +41,15 @@ def make_worker(connection: redis.Redis, batch: Settings, ctx: Context) -> Batch
     return worker
 
 
-def run_worker(ctx: Context, *, burst: bool = False, with_scheduler: bool = True) -> None:
+def run_worker(
+    ctx: Context, *, burst: bool = False, with_scheduler: bool = True, logging_level: str = "INFO"
+) -> None:
     """Work the batch and webhook queues; the scheduler runs retries that wait (backoff)."""
     worker = make_worker(ctx.redis, ctx.settings, ctx)
     # Round robin, so a stream of batch ticks never starves webhook deliveries (or back).
     worker.work(
         burst=burst,
         with_scheduler=with_scheduler,
-        logging_level="INFO",
+        logging_level=logging_level,
         dequeue_strategy=DequeueStrategy.ROUND_ROBIN,
     )
