@@ -26,6 +26,14 @@ class BatchWorker(SimpleWorker):
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return int(job.timeout or 0) + self.heartbeat_grace_s
 
+    def _set_ip_address(self, connection: redis.Redis) -> None:
+        """As RQ does, except on a server whose CLIENT INFO reply redis-py cannot read
+        (fakeredis, which `tokenq up` runs where there is no redis-server)."""
+        try:
+            super()._set_ip_address(connection)
+        except ValueError:
+            self.ip_address = "unknown"
+
 
 def make_worker(connection: redis.Redis, batch: Settings, ctx: Context) -> BatchWorker:
     queues = [ctx.batch_queue(), ctx.webhook_queue()]
