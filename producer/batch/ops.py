@@ -19,7 +19,7 @@ from producer.batch.store import Results
 from producer.client import Client
 from producer.paging import Page
 from shared.chat import read_chat_features
-from shared.errors import InvalidRequest, TokenqError
+from shared.errors import InvalidParam, InvalidRequest, TokenqError
 from shared.priority import parse_priority
 from shared.settings import Settings
 
@@ -154,6 +154,8 @@ def _endpoint(lines: list[BatchLine], endpoint: str | None) -> str:
     if endpoint is None:
         kinds = {line.kind for line in lines}
         return urls[kinds.pop()] if len(kinds) == 1 else "mixed"
+    if endpoint not in URL_KINDS:
+        raise InvalidParam("endpoint", f"{endpoint!r} is not one of {', '.join(URL_KINDS)}")
     want = URL_KINDS[endpoint]
     problems = [
         f"custom_id {line.custom_id!r}: its url is {urls[line.kind]}, not the batch's "
