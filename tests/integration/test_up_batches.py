@@ -1,37 +1,47 @@
-"""`tokenq up` runs what batches need: a batch made with the unmodified ``openai`` SDK
-against a fresh `tokenq up` completes with nothing else started by hand."""
+"""`tokenq up` runs what batches need: the batch example of docs/how-to/batches.md
+(the unmodified ``openai`` SDK: upload, create, poll, download) completes against a
+fresh `tokenq up` with nothing else started by hand."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 from pathlib import Path
+from typing import Any
 
-import openai
-import orjson
 import pytest
 
-from shared.settings import DEFAULT_MODEL
 from tests.integration.test_up_signals import up_serving
-from tests.producer.batch.procs import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-BATCH_TIMEOUT_S = 240.0
+DOC = Path(__file__).parents[2] / "docs" / "how-to" / "batches.md"
+DOC_URL = "http://127.0.0.1:8000/v1"
 
 
-def test_a_batch_completes_under_tokenq_up_alone(tmp_path: Path, default_model_dir: Path) -> None:
+def doc_example() -> str:
+    found = re.search(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert found is not None, f"no python example in {DOC}"
+    return found.group(1)
+
+
+def test_the_docs_batch_completes_under_tokenq_up_alone(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    example = doc_example()
+    assert DOC_URL in example
     with up_serving(tmp_path, default_model_dir) as (_, output):
-        client = openai.OpenAI(base_url=f"{output.gateway_url()}/v1", api_key="none")
-        body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Hi."}]}
-        line = {"custom_id": "hi", "method": "POST", "url": "/v1/chat/completions"}
-        data = orjson.dumps({**line, "body": {**body, "max_tokens": 4}})
-        upload = client.files.create(file=("in.jsonl", data), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        done = wait_for(
-            lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b,
-            BATCH_TIMEOUT_S,
-            "the batch to complete under tokenq up",
-        )
-        assert done.output_file_id is not None
-        (answer,) = client.files.content(done.output_file_id).read().splitlines()
-        assert orjson.loads(answer)["response"]["status_code"] == 200
+        code = example.replace(DOC_URL, f"{output.gateway_url()}/v1")
+        printed = io.StringIO()
+        names: dict[str, Any] = {}
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, str(DOC), "exec"), names)
+    batch = names["batch"]
+    assert (batch.status, batch.error_file_id, batch.metadata) == (
+        "completed",
+        None,
+        {"job": "nightly-eval"},
+    )
+    answers = printed.getvalue().splitlines()
+    assert [line.split(" ", 1)[0] for line in answers] == ["q0", "q1"]
+    assert all(len(line.split(" ", 1)) == 2 for line in answers)  # each with its answer
