@@ -10,7 +10,8 @@ Content-Length says so), so no more than the limit is ever held.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -21,11 +22,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 Gate = Callable[[Request], Response | None]
 
 
+@dataclass(frozen=True)
+class PathLimit:
+    """Another limit for one path (an upload's): bodies up to ``max_bytes``, and the
+    413's ``message`` (which names the limit its users know)."""
+
+    max_bytes: int
+    message: str
+
+
 class BodyTooLarge(HTTPException):
     """Raised to the app reading a body past the limit (the 413 is already sent)."""
 
-    def __init__(self, max_body_bytes: int) -> None:
-        super().__init__(413, too_large_message(max_body_bytes))
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
 
 
 def too_large_message(max_body_bytes: int) -> str:
@@ -35,9 +45,9 @@ def too_large_message(max_body_bytes: int) -> str:
     )
 
 
-def too_large(max_body_bytes: int) -> Response:
+def too_large(message: str) -> Response:
     error = {
-        "message": too_large_message(max_body_bytes),
+        "message": message,
         "type": "invalid_request_error",
         "param": None,
         "code": "body_too_large",
@@ -46,10 +56,17 @@ def too_large(max_body_bytes: int) -> Response:
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, gate: Gate) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        gate: Gate,
+        path_limits: Mapping[str, PathLimit] | None = None,
+    ) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
+        self.default = PathLimit(max_body_bytes, too_large_message(max_body_bytes))
         self.gate = gate
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _has_body(scope):
@@ -57,19 +74,20 @@ class BodyGuard:
             return
         refusal = self.gate(Request(scope))
         length = _content_length(scope)
-        if refusal is None and length is not None and length > self.max_body_bytes:
-            refusal = too_large(self.max_body_bytes)
+        limit = self.path_limits.get(scope["path"], self.default)
+        if refusal is None and length is not None and length > limit.max_bytes:
+            refusal = too_large(limit.message)
         if refusal is not None:
             refusal.headers["Connection"] = "close"  # the unread body ends the connection
             await refusal(scope, receive, send)
             return
-        await _Limited(self.app, self.max_body_bytes, receive, send).run(scope)
+        await _Limited(self.app, limit, receive, send).run(scope)
 
 
 class _Limited:
     """One request whose body is counted as the app reads it."""
 
-    def __init__(self, app: ASGIApp, limit: int, receive: Receive, send: Send) -> None:
+    def __init__(self, app: ASGIApp, limit: PathLimit, receive: Receive, send: Send) -> None:
         self.app, self.limit = app, limit
         self.receive_next, self.send_next = receive, send
         self.num_bytes = 0
@@ -85,15 +103,15 @@ class _Limited:
         message = await self.receive_next()
         if message["type"] == "http.request":
             self.num_bytes += len(message.get("body", b""))
-            if self.num_bytes > self.limit:
+            if self.num_bytes > self.limit.max_bytes:
                 await self._refuse()
         return message
 
     async def _refuse(self) -> None:
         if not self.started:
             self.refused = True
-            await too_large(self.limit)(self.scope, self.receive_next, self.send_next)
-        raise BodyTooLarge(self.limit)
+            await too_large(self.limit.message)(self.scope, self.receive_next, self.send_next)
+        raise BodyTooLarge(self.limit.message)
 
     async def send(self, message: Message) -> None:
         if self.refused:

@@ -48,6 +48,8 @@ def run_up(model: str, port: int | None, console: Console) -> None:
         state.write_text(server.url)
         announce_model(server.url, model)
         procs.append(_tokenq("worker", "--redis", server.url, "--model", model))
+        # Batches (/v1/batches, `tokenq batch`) are driven by RQ jobs: one RQ worker.
+        procs.append(_tokenq("batch", "worker", "--redis", server.url, "--log-level", "WARNING"))
         gateway_procs, gateway = _gateway(server.url, port, console)
         procs += gateway_procs
         console.print(f"waiting for the worker: {model} loads, then its self-check runs...")

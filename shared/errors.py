@@ -110,3 +110,11 @@ class ReplicationTimeout(TokenqError):
         )
         self.acked = acked
         self.wanted = wanted
+
+
+class InvalidParam(InvalidRequest):
+    """InvalidRequest about one named parameter (the gateway's 400 names it)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param

@@ -296,6 +296,23 @@ def check_batch_id(batch_id: str) -> str:
     return batch_id
 
 
+FILE_ID_RE = re.compile(r"^file-[0-9a-f]{24}$")
+
+
+def new_file_id() -> str:
+    return f"file-{secrets.token_hex(12)}"
+
+
+def derived_file_id(owner: str, part: str) -> str:
+    """The same id every time for one object's ``part`` (a batch's output file), so
+    the step that records it can be repeated."""
+    return f"file-{hashlib.sha256(f'{owner}:{part}'.encode()).hexdigest()[:24]}"
+
+
+def is_file_id(file_id: str) -> bool:
+    return FILE_ID_RE.match(file_id) is not None
+
+
 def check_delivery_id(delivery_id: str) -> str:
     if not DELIVERY_ID_RE.match(delivery_id):
         raise InvalidRequest(f"malformed webhook delivery id {delivery_id!r}")
@@ -364,3 +381,23 @@ class BatchKeys:
 
     def webhook_queue(self) -> str:
         return f"{self.namespace}-webhooks"
+
+
+@dataclass(frozen=True)
+class FileKeys:
+    """Files (``/v1/files``), on the batches' Redis. A file's keys share its id as tag."""
+
+    namespace: str = "tokenq"
+
+    def meta(self, file_id: str) -> str:
+        """Hash: the file object (purpose, filename, bytes, owner, ...)."""
+        return f"{self.namespace}:{{{file_id}}}:file:meta"
+
+    def data(self, file_id: str) -> str:
+        """List: the file's bytes in chunks, in order (absent for a batch's output file,
+        which is read from the batch)."""
+        return f"{self.namespace}:{{{file_id}}}:file:data"
+
+    def owned(self, tenant: str) -> str:
+        """Sorted set of a tenant's file ids by creation time (ms), for listing."""
+        return f"{self.namespace}:files:{tenant}"

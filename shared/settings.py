@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     batch_heartbeat_grace_s: int = Field(30, ge=1)
     rq_maintenance_s: int = Field(30, ge=1)
     batch_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    # Files (/v1/files) are kept on the batches' Redis, in chunks: an upload past
+    # files_max_bytes is refused with 413; a file expires files_ttl_s after its upload
+    # (OpenAI's default for batch files), or sooner when its upload says so.
+    files_max_bytes: int = Field(64 * 1024 * 1024, ge=1, le=512 * 1024 * 1024)
+    files_ttl_s: int = Field(30 * 24 * 3600, ge=3600)
     # Webhooks: signed with HMAC-SHA256 under webhook_secret; waits before each retry.
     webhook_secret: SecretStr | None = None
     webhook_timeout_s: float = Field(10.0, gt=0)

@@ -108,6 +108,7 @@ def worker(
     redis_url: RedisOpt = None,
     burst: Annotated[bool, typer.Option(help="exit once the queues are empty")] = False,
     scheduler: Annotated[bool, typer.Option(help="run RQ's scheduler (webhook backoff)")] = True,
+    log_level: Annotated[str, typer.Option(help="RQ's log level (INFO logs every job)")] = "INFO",
 ) -> None:
     """Run an RQ worker for batch jobs and webhook deliveries."""
     from producer.batch.worker import run_worker
@@ -118,7 +119,8 @@ def worker(
         connection = connect(settings.batch_redis_url or settings.redis_url)
     os.environ["TOKENQ_REDIS_URL"] = settings.redis_url  # for the jobs' settings
     get_settings.cache_clear()
-    run_worker(job_context(connection, settings), burst=burst, with_scheduler=scheduler)
+    ctx = job_context(connection, settings)
+    run_worker(ctx, burst=burst, with_scheduler=scheduler, logging_level=log_level.upper())
 
 
 @webhooks_app.command("list")

@@ -13,7 +13,7 @@ import time
 import orjson
 import redis
 
-from producer.batch import store, webhooks
+from producer.batch import result_files, store, webhooks
 from producer.batch.collect import Pending, collect, hset, read_pending
 from producer.batch.context import Context
 from producer.batch.lines import BatchLine
@@ -26,6 +26,14 @@ from shared.ops.moves import EndScript
 from shared.ops.submit import EnqueueOutcome
 
 FAN_OUT_CHUNK = 100
+# The error line of a line a batch never sent, by how the batch ended.
+UNSENT = {
+    BatchState.CANCELLED: ("batch_cancelled", "the batch was cancelled before this line was sent"),
+    BatchState.EXPIRED: (
+        "batch_expired",
+        "this line could not be run before the batch's completion window ended",
+    ),
+}
 
 
 def run_tick(ctx: Context, batch_id: str, job_id: str) -> bool:
@@ -48,13 +56,25 @@ def run_tick(ctx: Context, batch_id: str, job_id: str) -> bool:
 
 def advance(ctx: Context, batch_id: str, m: dict[str, str]) -> bool:
     """One round; True once the batch has ended."""
-    cancelling = BatchState(m["state"]) is BatchState.CANCELLING
-    if cancelling:
+    ending = _ending(ctx, batch_id, m)
+    if ending is not None:
         cancel_pending(ctx, batch_id)
     else:
         fan_out(ctx, batch_id, m)
-    collect(ctx, batch_id, cancelling)
-    return _finish_if_done(ctx, batch_id, cancelling)
+    collect(ctx, batch_id, ending is not None)
+    return _finish_if_done(ctx, batch_id, ending)
+
+
+def _ending(ctx: Context, batch_id: str, m: dict[str, str]) -> BatchState | None:
+    """CANCELLED for a batch being cancelled, EXPIRED for one past its completion
+    window; None while it runs on."""
+    if BatchState(m["state"]) is BatchState.CANCELLING:
+        # A cancel from the dashboard marks the state alone: the time is noted here.
+        ctx.redis.hsetnx(ctx.bkeys.meta(batch_id), "cancelling_ms", store.now_ms(ctx))
+        return BatchState.CANCELLED
+    if m.get("expires_ms") and store.now_ms(ctx) > int(m["expires_ms"]):
+        return BatchState.EXPIRED
+    return None
 
 
 def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
@@ -137,34 +157,40 @@ def cancel_pending(ctx: Context, batch_id: str) -> None:
     drive(ctx.scripts, ended_flow(ctx.keys, ctx.settings, EndScript.CANCEL, ids))
 
 
-def _finish_if_done(ctx: Context, batch_id: str, cancelling: bool) -> bool:
+def _finish_if_done(ctx: Context, batch_id: str, ending: BatchState | None) -> bool:
     m = store.meta(ctx, batch_id)
     if ctx.redis.hlen(ctx.bkeys.pending(batch_id)):
         return False
-    if cancelling:
-        _fail_unsent(ctx, batch_id, int(m["cursor"]))
+    if ending is not None:
+        _fail_unsent(ctx, batch_id, int(m["cursor"]), UNSENT[ending])
     elif int(m["cursor"]) < int(m["total"]):
         return False
-    finish(ctx, batch_id, BatchState.CANCELLED if cancelling else BatchState.COMPLETED)
+    else:
+        finalizing = {"state": BatchState.FINALIZING.value, "finalizing_ms": store.now_ms(ctx)}
+        ctx.redis.hset(ctx.bkeys.meta(batch_id), mapping=finalizing)  # type: ignore[arg-type]
+    finish(ctx, batch_id, ending or BatchState.COMPLETED)
     return True
 
 
-def _fail_unsent(ctx: Context, batch_id: str, cursor: int) -> None:
-    """An error line for each line from ``cursor`` on that has no result yet."""
-    message = "the batch was cancelled before this line was sent"
+def _fail_unsent(ctx: Context, batch_id: str, cursor: int, why: tuple[str, str]) -> None:
+    """An error line (``why``: its code and message) for each line from ``cursor`` on
+    that has no result yet."""
+    code, message = why
     for chunk in store.iter_lines(ctx, batch_id, cursor):
         ids = [line.custom_id for line in chunk]
         done = ctx.redis.hmget(ctx.bkeys.outputs(batch_id), ids)
         pipe = ctx.redis.pipeline(transaction=False)
         for custom_id, output in zip(ids, done, strict=True):
             if output is None:
-                line = error_line(custom_id, "batch_cancelled", message)
-                pipe.hsetnx(ctx.bkeys.errors(batch_id), custom_id, line)
+                pipe.hsetnx(
+                    ctx.bkeys.errors(batch_id), custom_id, error_line(custom_id, code, message)
+                )
         pipe.execute()
 
 
 def finish(ctx: Context, batch_id: str, state: BatchState) -> None:
-    """Mark the batch ended, send its webhook, and let its keys expire."""
+    """Mark the batch ended with its output and error files, send its webhook, and let
+    its keys expire."""
     url, finished_ms = store.meta(ctx, batch_id).get("webhook_url"), store.now_ms(ctx)
     if url:  # before the state changes, so a crash in between sends it on the next try
         done = store.status(ctx, batch_id).model_copy(
@@ -172,8 +198,10 @@ def finish(ctx: Context, batch_id: str, state: BatchState) -> None:
         )
         payload = {"batch": orjson.loads(done.model_dump_json())}
         webhooks.send(ctx, batch_id, url, f"batch.{state.value}", payload)
+    ended = {"state": state.value, "finished_ms": finished_ms}
+    ended |= result_files.record(ctx, batch_id)  # before the state: a retry makes them again
     pipe = ctx.redis.pipeline(transaction=True)
-    pipe.hset(ctx.bkeys.meta(batch_id), mapping={"state": state.value, "finished_ms": finished_ms})
+    pipe.hset(ctx.bkeys.meta(batch_id), mapping=ended)  # type: ignore[arg-type]
     for key in ctx.bkeys.all_of(batch_id):
         pipe.expire(key, ctx.settings.batch_ttl_s)
     pipe.execute()

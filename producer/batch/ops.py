@@ -11,14 +11,15 @@ import orjson
 import redis
 
 from producer.batch import chain, driver, store, webhooks
-from producer.batch.bodies import parse_jsonl
+from producer.batch.bodies import URL_KINDS, parse_jsonl
 from producer.batch.context import Context, batch_redis
-from producer.batch.lines import BatchInputError
+from producer.batch.lines import BatchInputError, BatchLine
 from producer.batch.models import BatchState, BatchStatus
 from producer.batch.store import Results
 from producer.client import Client
+from producer.paging import Page
 from shared.chat import read_chat_features
-from shared.errors import InvalidRequest, TokenqError
+from shared.errors import InvalidParam, InvalidRequest, TokenqError
 from shared.priority import parse_priority
 from shared.settings import Settings
 
@@ -49,12 +50,16 @@ class Batches:
         model: str | None = None,
         webhook_url: str | None = None,
         tenant: str | None = None,
+        endpoint: str | None = None,
+        details: Mapping[str, str] | None = None,
     ) -> str:
         """Create a batch from JSONL (text, bytes, a path) or line dicts; returns its id.
         Raises BatchInputError listing the lines it cannot tell apart (not JSON, no or a
         repeated custom_id, an unknown url); nothing is queued then. A line whose body
         the live route would refuse gets that 400 as its error line, and the others run.
-        Its lines run as ``tenant``'s requests, whatever their own metadata says."""
+        Its lines run as ``tenant``'s requests, whatever their own metadata says. With an
+        ``endpoint`` (OpenAI's), every line must call it. ``details`` are kept with it
+        (OpenAI's input_file_id, metadata)."""
         ctx = self.ctx
         lines = parse_jsonl(
             _jsonl(source),
@@ -63,12 +68,15 @@ class Batches:
             max_lines=ctx.settings.max_batch_lines,
             features=lambda name: read_chat_features(ctx.main, ctx.keys, name),
         )
+        kept = {**(details or {}), "endpoint": _endpoint(lines, endpoint)}
         if webhook_url is not None:
             webhooks.check_url(webhook_url)
             webhooks.require_secret(ctx)
         with ctx.redis.pipeline(transaction=True) as pipe:
             pipe.multi()
-            batch_id = store.create(ctx, pipe, lines, _priority(priority), webhook_url, tenant)
+            batch_id = store.create(
+                ctx, pipe, lines, _priority(priority), webhook_url, tenant, kept
+            )
             chain.start(ctx, batch_chain(ctx, batch_id), pipe)
             pipe.execute()
         return batch_id
@@ -79,6 +87,12 @@ class Batches:
 
     def list(self, limit: int = 50, scope: str | None = None) -> list[BatchStatus]:
         return store.list_batches(self.ctx, limit, scope)
+
+    def page(
+        self, limit: int, scope: str | None = None, after: str | None = None
+    ) -> Page[BatchStatus]:
+        """Newest first, from the batch after ``after``."""
+        return store.page_batches(self.ctx, limit=limit, scope=scope, after=after)
 
     def cancel(self, batch_id: str, scope: str | None = None) -> BatchStatus:
         """Stop the batch: queued lines are removed at once, running ones stop within a
@@ -131,6 +145,27 @@ def _jsonl(source: Source) -> str | bytes:
     if problems:
         raise BatchInputError(problems)
     return b"\n".join(encoded)
+
+
+def _endpoint(lines: list[BatchLine], endpoint: str | None) -> str:
+    """The batch's endpoint: the one given, which every line must call, or the one its
+    lines share ("mixed" when they call several)."""
+    urls = {kind: url for url, kind in URL_KINDS.items()}
+    if endpoint is None:
+        kinds = {line.kind for line in lines}
+        return urls[kinds.pop()] if len(kinds) == 1 else "mixed"
+    if endpoint not in URL_KINDS:
+        raise InvalidParam("endpoint", f"{endpoint!r} is not one of {', '.join(URL_KINDS)}")
+    want = URL_KINDS[endpoint]
+    problems = [
+        f"custom_id {line.custom_id!r}: its url is {urls[line.kind]}, not the batch's "
+        f"endpoint {endpoint}"
+        for line in lines
+        if line.kind != want
+    ]
+    if problems:
+        raise BatchInputError(problems)
+    return endpoint
 
 
 def _priority(value: int | str) -> int:

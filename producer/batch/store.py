@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
+import orjson
 import redis
 
 from producer.batch.context import Context
 from producer.batch.lines import BatchLine
 from producer.batch.models import BatchCounts, BatchState, BatchStatus
+from producer.paging import Page, page
 from shared.errors import NotFound
 from shared.keys import new_batch_id
 from shared.replies import text
 
 CHUNK = 500
+COMPLETION_WINDOW = "24h"  # the one window OpenAI offers
+COMPLETION_WINDOW_S = 24 * 3600
 Results = tuple[list[bytes], list[bytes]]
 
 
@@ -30,10 +35,14 @@ def create(
     priority: int,
     webhook_url: str | None,
     tenant: str | None = None,
+    details: Mapping[str, str] | None = None,
 ) -> str:
-    """Queue the commands that write a new batch on ``pipe``; returns its id."""
+    """Queue the commands that write a new batch on ``pipe``; returns its id. Its
+    ``details`` (OpenAI's endpoint, input_file_id, metadata as JSON) are kept as given."""
     batch_id, created = new_batch_id(), now_ms(ctx)
     meta: dict[str, str | int] = {
+        **(details or {}),
+        "expires_ms": created + COMPLETION_WINDOW_S * 1000,
         "state": BatchState.IN_PROGRESS.value,
         "priority": priority,
         "total": len(lines),
@@ -80,7 +89,19 @@ def status(ctx: Context, batch_id: str, scope: str | None = None) -> BatchStatus
         webhook_url=m["webhook_url"] or None,
         error=m.get("error") or None,
         tenant=m.get("tenant") or None,
+        **_openai_fields(m),
     )
+
+
+def _openai_fields(m: dict[str, str]) -> dict[str, Any]:
+    """What the OpenAI batch object shows beside the status, as kept in the record."""
+    stamps = ("finalizing_ms", "cancelling_ms", "expires_ms")
+    found: dict[str, Any] = {k: int(m[k]) for k in stamps if m.get(k)}
+    ids = ("endpoint", "input_file_id", "output_file_id", "error_file_id")
+    found |= {k: m[k] for k in ids if m.get(k)}
+    if m.get("metadata"):
+        found["metadata"] = orjson.loads(m["metadata"])
+    return found
 
 
 def read_lines(ctx: Context, batch_id: str, start: int, num: int) -> list[BatchLine]:
@@ -111,13 +132,26 @@ def results(ctx: Context, batch_id: str, scope: str | None = None) -> Results:
 
 
 def list_batches(ctx: Context, limit: int = 50, scope: str | None = None) -> list[BatchStatus]:
-    """The newest batches first (with a ``scope``, only that tenant's); ones that
-    expired are left out, and dropped from the index."""
+    """The newest batches first (with a ``scope``, only that tenant's)."""
+    return page_batches(ctx, limit=limit, scope=scope).items
+
+
+def page_batches(
+    ctx: Context, *, limit: int, scope: str | None = None, after: str | None = None
+) -> Page[BatchStatus]:
+    """A page of batches, newest first, from the one after ``after`` (with a ``scope``,
+    only that tenant's); ones that expired are left out, and dropped from the index."""
+
+    def load(ids: Sequence[str]) -> list[BatchStatus]:
+        return _load(ctx, ids, scope)
+
+    return page(ctx.redis, ctx.bkeys.batches(), load, after=after, limit=limit, newest_first=True)
+
+
+def _load(ctx: Context, ids: Sequence[str], scope: str | None) -> list[BatchStatus]:
     found: list[BatchStatus] = []
     expired: list[str] = []
-    for batch_id in _newest_first(ctx):
-        if len(found) == limit:
-            break
+    for batch_id in ids:
         try:
             found.append(status(ctx, batch_id, scope))
         except NotFound:  # another tenant's, or expired
@@ -126,10 +160,3 @@ def list_batches(ctx: Context, limit: int = 50, scope: str | None = None) -> lis
     if expired:
         ctx.redis.zrem(ctx.bkeys.batches(), *expired)
     return found
-
-
-def _newest_first(ctx: Context) -> Iterator[str]:
-    start = 0
-    while page := ctx.redis.zrevrange(ctx.bkeys.batches(), start, start + CHUNK - 1):
-        yield from map(text, page)
-        start += len(page)

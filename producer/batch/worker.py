@@ -26,6 +26,14 @@ class BatchWorker(SimpleWorker):
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return int(job.timeout or 0) + self.heartbeat_grace_s
 
+    def _set_ip_address(self, connection: redis.Redis) -> None:
+        """As RQ does, except on a server whose CLIENT INFO reply redis-py cannot read
+        (fakeredis, which `tokenq up` runs where there is no redis-server)."""
+        try:
+            super()._set_ip_address(connection)
+        except ValueError:
+            self.ip_address = "unknown"
+
 
 def make_worker(connection: redis.Redis, batch: Settings, ctx: Context) -> BatchWorker:
     queues = [ctx.batch_queue(), ctx.webhook_queue()]
@@ -41,13 +49,15 @@ def make_worker(connection: redis.Redis, batch: Settings, ctx: Context) -> Batch
     return worker
 
 
-def run_worker(ctx: Context, *, burst: bool = False, with_scheduler: bool = True) -> None:
+def run_worker(
+    ctx: Context, *, burst: bool = False, with_scheduler: bool = True, logging_level: str = "INFO"
+) -> None:
     """Work the batch and webhook queues; the scheduler runs retries that wait (backoff)."""
     worker = make_worker(ctx.redis, ctx.settings, ctx)
     # Round robin, so a stream of batch ticks never starves webhook deliveries (or back).
     worker.work(
         burst=burst,
         with_scheduler=with_scheduler,
-        logging_level="INFO",
+        logging_level=logging_level,
         dequeue_strategy=DequeueStrategy.ROUND_ROBIN,
     )

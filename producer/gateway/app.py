@@ -17,7 +17,7 @@ from producer.body_guard import BodyGuard, Gate
 from producer.dashboard.auth import act_refusal
 from producer.dashboard.config import DashboardConfig, load_config
 from producer.dashboard.routes import create_dashboard_router
-from producer.gateway import batches, health, native, openai_embeddings, openai_routes
+from producer.gateway import batches, files, health, native, openai_embeddings, openai_routes
 from producer.gateway.auth import key_refusal
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewayConfig, load_api_keys
@@ -63,13 +63,16 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     app = FastAPI(title="tokenq gateway", version=VERSION, lifespan=lifespan, description=ABOUT)
     app.state.api_keys = config.api_keys
     install_error_handlers(app)
-    for module in (openai_routes, openai_embeddings, native, batches, health):
+    for module in (openai_routes, openai_embeddings, native, batches, files, health):
         app.include_router(module.router)
     app.include_router(responses_router)
     dashboard = create_dashboard_router(settings, lambda: app.state.backend.redis, dashboard_config)
     app.include_router(dashboard, prefix=ADMIN_PREFIX, include_in_schema=False)
     app.add_middleware(
-        BodyGuard, max_body_bytes=config.max_body_bytes, gate=_gate(dashboard_config)
+        BodyGuard,
+        max_body_bytes=config.max_body_bytes,
+        gate=_gate(dashboard_config),
+        path_limits=files.body_limits(settings),
     )
     _declare_400_not_422(app)
     return app

@@ -100,7 +100,7 @@ def map_tokenq_error(exc: Exception) -> ApiError:
     if isinstance(exc, NotFound):
         return ApiError(404, str(exc), type="not_found_error", code="request_not_found")
     if isinstance(exc, InvalidRequest):
-        return invalid(str(exc))
+        return invalid(str(exc), getattr(exc, "param", None))
     if isinstance(exc, RequestTimeout):
         return ApiError(504, str(exc), type="timeout", code="timeout")
     if isinstance(exc, ReplicationTimeout):  # nothing was accepted: retrying is safe

@@ -1,4 +1,5 @@
-"""Batches over HTTP: create, read, list, cancel, and the error JSONL."""
+"""Batches over HTTP in tokenq's inline form (``requests``): create, read, list, cancel,
+and the error JSONL; answered with OpenAI's batch objects."""
 
 from __future__ import annotations
 
@@ -19,14 +20,19 @@ def _lines(n: int) -> list[dict[str, object]]:
 def test_create_read_list_cancel_and_error_lines(gateway: RunningGateway) -> None:
     with gateway.client() as http:
         created = http.post("/v1/batches", json={"requests": _lines(3), "priority": "low"})
-        assert created.status_code == 201, created.text
+        assert created.status_code == 200, created.text
         batch = created.json()
-        assert (batch["priority"], batch["counts"]["total"]) == (25, 3)
+        assert (batch["priority"], batch["request_counts"]["total"]) == (25, 3)
+        assert (batch["object"], batch["endpoint"], batch["input_file_id"]) == (
+            "batch",
+            "/v1/chat/completions",
+            None,
+        )
         assert http.get(f"/v1/batches/{batch['id']}").json()["id"] == batch["id"]
-        assert batch["id"] in [b["id"] for b in http.get("/v1/batches").json()]
+        assert batch["id"] in [b["id"] for b in http.get("/v1/batches").json()["data"]]
         cancelled = http.post(f"/v1/batches/{batch['id']}/cancel")
         assert cancelled.status_code == 200
-        assert cancelled.json()["state"] in ("cancelling", "cancelled")
+        assert cancelled.json()["status"] in ("cancelling", "cancelled")
         output = http.get(f"/v1/batches/{batch['id']}/output")
         assert output.headers["content-type"] == "application/jsonl"
 
@@ -56,7 +62,7 @@ def test_a_tenant_sees_and_cancels_only_its_own_batches(keyed_gateway: RunningGa
     web, ops = {"Authorization": "Bearer sk-web"}, {"Authorization": "Bearer sk-ops"}
     with keyed_gateway.client() as http:
         created = http.post("/v1/batches", json={"requests": _lines(1)}, headers=web)
-        assert created.status_code == 201, created.text
+        assert created.status_code == 200, created.text
         batch_id = created.json()["id"]
         assert created.json()["tenant"] == "web"
         others = [
@@ -65,10 +71,10 @@ def test_a_tenant_sees_and_cancels_only_its_own_batches(keyed_gateway: RunningGa
             http.get(f"/v1/batches/{batch_id}/output", headers=ops),
             http.get(f"/v1/batches/{batch_id}/errors", headers=ops),
         ]
-        listed_for_ops = http.get("/v1/batches", headers=ops).json()
-        listed_for_web = http.get("/v1/batches", headers=web).json()
+        listed_for_ops = http.get("/v1/batches", headers=ops).json()["data"]
+        listed_for_web = http.get("/v1/batches", headers=web).json()["data"]
         mine = http.get(f"/v1/batches/{batch_id}", headers=web).json()
     assert [r.status_code for r in others] == [404, 404, 404, 404]
     assert listed_for_ops == []
     assert [b["id"] for b in listed_for_web] == [batch_id]
-    assert mine["state"] == "in_progress"  # the other tenant's cancel did nothing
+    assert mine["status"] == "in_progress"  # the other tenant's cancel did nothing
