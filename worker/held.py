@@ -53,12 +53,19 @@ class Held:
         num_more: int = 0,
         error: str | None = None,
         embedding: list[float] | None = None,
+        stop_sequence: str | None = None,
     ) -> FinalEvent:
         usage = Usage(
             prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids) + num_more
         )
         vector = None if embedding is None else tuple(embedding)
-        return FinalEvent(finish_reason=reason, usage=usage, error=error, embedding=vector)
+        return FinalEvent(
+            finish_reason=reason,
+            usage=usage,
+            error=error,
+            embedding=vector,
+            stop_sequence=stop_sequence,
+        )
 
 
 @dataclass

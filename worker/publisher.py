@@ -116,7 +116,8 @@ def final_of(
     """The final of ``held``, counting ``more`` (this write's tokens) in."""
     ids, text = (more.new_token_ids, more.text) if more is not None else ([], "")
     embedding = more.embedding if more is not None else None
-    final = held.final(reason, len(ids), error, embedding)
+    stop = more.stop_sequence if more is not None else None
+    final = held.final(reason, len(ids), error, embedding, stop)
     return Final.of(final, held.output_json(ids, text), _fate(reason, state))
 
 

@@ -88,6 +88,7 @@ class RequestOutput:
     # What was wrong, for a request that ends with FinishReason.ERROR.
     error: str | None = None
     embedding: list[float] | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
     @property
     def finished(self) -> bool:
