@@ -116,3 +116,20 @@ def test_a_hostile_tokenizer_request_ends_alone_and_the_worker_keeps_serving(
     state = client.handle(bad).status().state
     assert state is (RequestState.DEAD if dead else RequestState.FAILED)
     assert good.result(timeout=1).text == "t0t1"
+
+
+def test_a_final_leaves_the_newer_fields_out_when_unset(
+    setup: Any, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """So a gateway of the release before (which refuses fields it does not know) still
+    reads every final a worker writes during a rolling upgrade."""
+    client, service, _ = setup
+    plain = client.submit("p q", model=MODEL, max_tokens=2)
+    counted = _enqueue(fake_redis, {"model": MODEL, "prompt": "a b", "task": "tokenize"})
+    service.run(burst=True)
+    entries: Any = fake_redis.xrange(KEYS.stream(plain.id))
+    written = orjson.loads(entries[-1][1][b"e"])
+    assert written["type"] == "final"
+    assert not {"prompt_token_ids", "detokenized", "stop_sequence"} & set(written)
+    answer = orjson.loads(fake_redis.xrange(KEYS.stream(counted))[0][1][b"e"])  # type: ignore[index]
+    assert answer["prompt_token_ids"] == [0, 1] and "detokenized" not in answer
