@@ -163,6 +163,8 @@ def _problem(limits: ModelLimits, req: GenerationRequest) -> str | None:
             )
     if req.task == "embed":
         return _embed_problem(limits, req)
+    if req.task in ("tokenize", "detokenize"):
+        return None  # the model does not run: its context does not bound them
     context = limits.max_model_len
     if s.max_tokens >= context:
         return (

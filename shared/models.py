@@ -73,8 +73,10 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][\w.\-]{0,63}$"
 MAX_LORA_RANK = 4096
 # What a request asks of the model: generated tokens, or the prompt's pooled hidden
-# state (an embedding; prefill only, no sampling).
-Task = Literal["generate", "embed"]
+# state (an embedding; prefill only, no sampling); or of its tokenizer alone, answered
+# by the worker at admission without the model: the prompt (a text, or messages through
+# the chat template) as token ids, or token ids as text.
+Task = Literal["generate", "embed", "tokenize", "detokenize"]
 # The metadata item naming who submitted a request. A gateway sets it from the caller's
 # API key (never from the body); requests, their idempotency keys and their batches are
 # kept apart by it.
@@ -294,6 +296,9 @@ class GenerationRequest(_Strict):
     lora: str | None = Field(
         None, pattern=LORA_NAME_PATTERN, description="a LoRA adapter registered for the model"
     )
+    add_special_tokens: bool = Field(
+        True, description="tokenize a prompt text: with the tokenizer's special tokens (BOS)"
+    )
 
     @field_validator("priority", mode="before")
     @classmethod
@@ -331,6 +336,10 @@ class GenerationRequest(_Strict):
             raise ValueError("tools and chat_template_kwargs go with messages (a chat prompt)")
         if self.dimensions is not None and self.task != "embed":
             raise ValueError("dimensions applies to embed requests only")
+        if self.task == "detokenize" and self.prompt_token_ids is None:
+            raise ValueError("a detokenize request takes prompt_token_ids (the ids to read)")
+        if not self.add_special_tokens and (self.task != "tokenize" or self.prompt is None):
+            raise ValueError("add_special_tokens: false applies to tokenizing a prompt text only")
         if TENANT_WEIGHT in self.metadata:
             check_weight(self.metadata[TENANT_WEIGHT])
         _check_prompt_logprobs(self)
@@ -550,6 +559,11 @@ class FinalEvent(_Strict):
         " (text) and bytes where the text is part of a character, logprob (null for the"
         " first token), rank (1: the likeliest) and top: the likeliest alternatives",
     )
+    prompt_token_ids: tuple[int, ...] | None = Field(
+        None, description="a tokenize request's prompt as the model's token ids"
+    )
+    detokenized: str | None = Field(None, description="a detokenize request's ids as text")
+    stop_sequence: str | None = Field(None, description="the stop string that ended it, if one did")
 
 
 Event = Annotated[TokenEvent | FinalEvent, Field(discriminator="type")]

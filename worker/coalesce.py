@@ -142,5 +142,6 @@ def merge(group: list[RequestOutput]) -> RequestOutput:
         error=last.error,
         embedding=last.embedding,
         prompt_logprobs=last.prompt_logprobs,
+        stop_sequence=last.stop_sequence,
         steps=[(len(o.new_token_ids), len(o.text)) for o in steps] if len(steps) > 1 else None,
     )

@@ -55,6 +55,7 @@ class Held:
         error: str | None = None,
         embedding: list[float] | None = None,
         prompt_logprobs: list[dict[str, Any]] | None = None,
+        stop_sequence: str | None = None,
     ) -> FinalEvent:
         usage = Usage(
             prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids) + num_more
@@ -62,7 +63,12 @@ class Held:
         vector = None if embedding is None else tuple(embedding)
         scores = None if prompt_logprobs is None else tuple(prompt_logprobs)
         return FinalEvent(
-            finish_reason=reason, usage=usage, error=error, embedding=vector, prompt_logprobs=scores
+            finish_reason=reason,
+            usage=usage,
+            error=error,
+            embedding=vector,
+            prompt_logprobs=scores,
+            stop_sequence=stop_sequence,
         )
 
 

@@ -117,7 +117,8 @@ def final_of(
     ids, text = (more.new_token_ids, more.text) if more is not None else ([], "")
     embedding = more.embedding if more is not None else None
     scores = more.prompt_logprobs if more is not None else None
-    final = held.final(reason, len(ids), error, embedding, scores)
+    stop = more.stop_sequence if more is not None else None
+    final = held.final(reason, len(ids), error, embedding, scores, stop)
     return Final.of(final, held.output_json(ids, text), _fate(reason, state))
 
 

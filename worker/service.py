@@ -18,7 +18,7 @@ from shared.errors import ReplicationTimeout
 from shared.models import FinalEvent, FinishReason, GenerationRequest
 from shared.ops.claim import Claimed
 from shared.ops.moves import Fate
-from shared.ops.publish import Written
+from shared.ops.publish import Finish, Written
 from shared.ops.warm import MAX_WARM
 from shared.prefixes import fingerprints
 from shared.settings import Settings
@@ -31,6 +31,7 @@ from worker.metrics import WorkerMetrics
 from worker.prefix_cuts import PrefixCuts
 from worker.publisher import Action, Planned, finish_of, plan_step, settle
 from worker.queue import ModelQueue
+from worker.tokenizing import TOKENIZER_TASKS, tokenizer_answer
 
 log = logging.getLogger(__name__)
 
@@ -389,6 +390,9 @@ class WorkerService:
         except ValidationError as e:
             self._dead_letter(claimed, e)
             return
+        if request.task in TOKENIZER_TASKS:
+            self._answer_now(Held(claimed.request_id, claimed.lease_token, request))
+            return
         fps = tuple(fingerprints(request)) if self.prefix_cuts else ()
         held = Held(claimed.request_id, claimed.lease_token, request, fingerprints=fps)
         if claimed.num_generated and not self._restore(held):
@@ -402,6 +406,18 @@ class WorkerService:
             return
         with self.held_lock:
             self.held[held.request_id] = held
+
+    def _answer_now(self, held: Held) -> None:
+        """A request for the tokenizer alone, answered and ended at once: the engine never
+        sees it. What the tokenizer refuses ends it with that error."""
+        try:
+            final = tokenizer_answer(self.engine, held.request)
+        except Exception as e:  # this request's alone, as at admission
+            self._end_now(held, FinishReason.ERROR, admission_error(held.request_id, e))
+            return
+        output = held.output_json()
+        self.queue.finish_now(held, Finish(held.request_id, held.lease_token, final, output,
+                                           Fate.FINISHED))  # fmt: skip
 
     def _restore(self, held: Held) -> bool:
         """Take back what earlier attempts published; False when its stream cannot be

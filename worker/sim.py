@@ -91,6 +91,13 @@ class SimEngine:
     def encode_prompt(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
 
+    def encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.encode_prompt(text)
+
+    def decode_tokens(self, token_ids: list[int]) -> str:
+        """A word a token (the simulation has no vocabulary to read them by)."""
+        return " ".join(f"t{t}" for t in token_ids)
+
     def encode_chat(
         self,
         messages: list[dict[str, Any]],

@@ -18,6 +18,7 @@ from producer.dashboard.auth import act_refusal
 from producer.dashboard.config import DashboardConfig, load_config
 from producer.dashboard.routes import create_dashboard_router
 from producer.gateway import batches, files, health, native, openai_embeddings, openai_routes
+from producer.gateway.anthropic_routes import router as anthropic_router
 from producer.gateway.auth import key_refusal
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewayConfig, load_api_keys
@@ -26,6 +27,7 @@ from producer.gateway.hub import gateway_hub
 from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.reaper import reap_forever
 from producer.gateway.responses_routes import router as responses_router
+from producer.gateway.tokenize_routes import router as tokenize_router
 from shared.connection import cluster_url, connect_async, wait_for_redis_async
 from shared.keys import Keys
 from shared.sentinel import AsyncBlockingSentinelPool, is_sentinel_url
@@ -66,6 +68,8 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     for module in (openai_routes, openai_embeddings, native, batches, files, health):
         app.include_router(module.router)
     app.include_router(responses_router)
+    app.include_router(anthropic_router)
+    app.include_router(tokenize_router)
     dashboard = create_dashboard_router(settings, lambda: app.state.backend.redis, dashboard_config)
     app.include_router(dashboard, prefix=ADMIN_PREFIX, include_in_schema=False)
     app.add_middleware(

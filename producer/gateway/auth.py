@@ -1,4 +1,5 @@
-"""Bearer API keys: who is calling (tenant) and the highest priority they may use.
+"""API keys (``Authorization: Bearer``, or Anthropic's ``x-api-key``): who is calling
+(tenant) and the highest priority they may use.
 
 A key asking for more than its ``max_priority`` is refused with 403 rather than
 silently capped, so a caller never believes it got a priority it did not. A request
@@ -48,14 +49,16 @@ def authenticate(
     keys: ApiKeys = request.app.state.api_keys
     if keys.open:
         return Principal(OPEN_TENANT, MAX_PRIORITY, sees_all=True)
-    if credentials is None:
-        raise _unauthorized("missing API key: send it as 'Authorization: Bearer <key>'")
-    key = keys.lookup(credentials.credentials)
+    token = credentials.credentials if credentials is not None else _x_api_key(request)
+    if not token:
+        raise _unauthorized(MISSING_KEY)
+    key = keys.lookup(token)
     if key is None:
         raise _unauthorized("unknown API key")
     return Principal(key.tenant, key.max_priority, False, key.weight, key.limits, key.bucket)
 
 
+MISSING_KEY = "missing API key: send it as 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
 Caller = Annotated[Principal, Depends(authenticate)]
 # Routes anyone may call; every other route needs a key when keys are configured.
 PUBLIC_PATHS = frozenset(
@@ -70,13 +73,19 @@ def key_refusal(request: Request) -> Response | None:
     if keys.open or request.url.path in PUBLIC_PATHS:
         return None
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        error = _unauthorized("missing API key: send it as 'Authorization: Bearer <key>'")
-    elif keys.lookup(token.strip()) is None:
+    token = token.strip() if scheme.lower() == "bearer" else _x_api_key(request)
+    if not token:
+        error = _unauthorized(MISSING_KEY)
+    elif keys.lookup(token) is None:
         error = _unauthorized("unknown API key")
     else:
         return None
     return error_response(request, error)
+
+
+def _x_api_key(request: Request) -> str:
+    """The key as Anthropic's clients send it."""
+    return request.headers.get("x-api-key", "").strip()
 
 
 def priority_for(principal: Principal, asked: int | str | None, param: str = "priority") -> int:

@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from redis.exceptions import RedisClusterException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from producer.anthropic.errors import anthropic_error, is_anthropic_path
+
 # Re-exported: the gateway's routes raise and document these as the gateway's own.
 from producer.openai.errors import ApiError as ApiError
 from producer.openai.errors import ErrorDetail as ErrorDetail
@@ -66,6 +68,8 @@ def error_response(request: Request, err: ApiError) -> JSONResponse:
     if backend is not None:
         backend.metrics.rejected.labels(str(err.status), err.detail.type).inc()
     body = ErrorResponse(error=err.detail).model_dump(mode="json")
+    if is_anthropic_path(request.url.path):
+        body = anthropic_error(err.status, err.detail)
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 

@@ -30,6 +30,12 @@ class PublishCode(IntEnum):
     FINISHED = 4  # its final is written (now, or by this write once before)
 
 
+# FinalEvent fields newer than the gateways of the release before (whose FinalEvent
+# refuses fields it does not know): written only when set, so those gateways still read
+# every final a worker writes during a rolling upgrade.
+UNSET_LEFT_OUT = ("prompt_token_ids", "detokenized", "stop_sequence", "prompt_logprobs")
+
+
 @dataclass(frozen=True)
 class Final:
     """A request's end: its final event as the script takes it, without its timings
@@ -44,8 +50,9 @@ class Final:
 
     @classmethod
     def of(cls, event: FinalEvent, output_json: bytes, state: Fate) -> Final:
-        untimed = orjson.dumps(event.model_dump(mode="json", exclude={"timings"})).decode()
-        return cls(untimed, event.finish_reason.value, output_json, state)
+        unset = {name for name in UNSET_LEFT_OUT if getattr(event, name) is None}
+        untimed = orjson.dumps(event.model_dump(mode="json", exclude={"timings", *unset}))
+        return cls(untimed.decode(), event.finish_reason.value, output_json, state)
 
 
 @dataclass(frozen=True)

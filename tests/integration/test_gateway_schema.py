@@ -1,6 +1,7 @@
 """Property tests from the served OpenAPI schema (schemathesis): whatever the input, the
 gateway never answers 5xx, answers only what the schema declares, and every error body
-is the OpenAI-style ``{"error": {message, type, param, code}}``."""
+is the OpenAI-style ``{"error": {message, type, param, code}}`` (Anthropic's
+``{"type": "error", "error": {type, message}}`` on the Anthropic routes)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from producer.anthropic.errors import AnthropicErrorResponse, is_anthropic_path
 from producer.embedded import EmbeddedRedis
 from producer.gateway.errors import ErrorResponse
 from shared.settings import Settings
@@ -43,13 +45,19 @@ def api_schema(redis_server: EmbeddedRedis) -> Iterator[Any]:
 
 @schemathesis.check
 def error_body_is_well_formed(ctx: CheckContext, response: Any, case: Any) -> bool | None:
+    """OpenAI's error shape; Anthropic's on the Anthropic routes."""
     if response.status_code < 400:
         return None
-    ErrorResponse.model_validate_json(response.content)
+    if is_anthropic_path(case.path):
+        AnthropicErrorResponse.model_validate_json(response.content)
+    else:
+        ErrorResponse.model_validate_json(response.content)
     return True
 
 
 def _code(response: Any) -> str | None:
+    if '"type":"error"' in response.text:  # Anthropic's shape has no code
+        return None
     return ErrorResponse.model_validate_json(response.content).error.code
 
 

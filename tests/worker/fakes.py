@@ -40,6 +40,13 @@ class ScriptedEngine:
     def encode_prompt(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
 
+    def encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        """A token a word, after a BOS (999) when special tokens are added."""
+        return [999] * add_special_tokens + list(range(len(text.split())))
+
+    def decode_tokens(self, token_ids: list[int]) -> str:
+        return " ".join(f"w{t}" for t in token_ids)
+
     @property
     def vocab_size(self) -> int:
         return 1000

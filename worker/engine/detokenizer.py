@@ -163,6 +163,7 @@ class StopStringMatcher:
         self.max_stop_len = max((len(s) for s in stop), default=0)
         self.text = ""
         self.num_emitted_chars = 0
+        self.matched: str | None = None  # the stop string found, once one is
 
     def add(self, delta: str, can_stop: bool = True) -> tuple[str, bool]:
         """Append ``delta``; return the text now safe to emit and whether a stop
@@ -181,8 +182,11 @@ class StopStringMatcher:
         return self._emit_until(len(self.text))
 
     def _find_stop(self, search_from: int) -> int | None:
-        hits = [i for s in self.stop if (i := self.text.find(s, search_from)) >= 0]
-        return min(hits) if hits else None
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, search_from)) >= 0]
+        if not hits:
+            return None
+        at, self.matched = min(hits)
+        return at
 
     def _num_held_back(self) -> int:
         held = 0

@@ -105,6 +105,7 @@ class RequestOutput:
     # With sampling.prompt_logprobs, on its last output: per prompt token, its entry
     # (the first token's logprob None).
     prompt_logprobs: list[dict[str, Any]] | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
     @property
     def finished(self) -> bool:

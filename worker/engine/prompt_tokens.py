@@ -53,6 +53,13 @@ class TokenizerPrompts:
     def encode_prompt(self, prompt: str) -> list[int]:
         return encode_text(self.tokenizer, prompt, add_special_tokens=True)
 
+    def encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        return encode_text(self.tokenizer, text, add_special_tokens)
+
+    def decode_tokens(self, token_ids: list[int]) -> str:
+        """The ids as text, special tokens included (as vLLM's /detokenize reads them)."""
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
+
     def encode_chat(
         self,
         messages: list[dict[str, Any]],

@@ -112,6 +112,7 @@ class TokenOutputs:
             None if logprobs is None else [self._named(logprobs)],
             seq.num_prompt_tokens,
             num_output_tokens,
+            stop_sequence=state.stop.matched if stopped else None,
         )
 
     def _named(self, logprobs: dict[str, Any]) -> dict[str, Any]:

@@ -120,3 +120,18 @@ def test_an_open_gateway_sees_every_request(gateway: RunningGateway) -> None:
         cancel = http.delete(f"/v1/requests/{request_id}")
     assert (view.status_code, view.json()["tenant"]) == (200, "default")
     assert cancel.json()["outcome"] == "cancelled"
+
+
+def test_an_x_api_key_header_is_a_key_as_anthropics_clients_send_it(
+    keyed_gateway: RunningGateway,
+) -> None:
+    with keyed_gateway.client() as http:
+        known = http.post("/v1/chat/completions", json=CHAT, headers={"x-api-key": "sk-web"})
+        unknown = http.get("/v1/models", headers={"x-api-key": "sk-nope"})
+        anthropic = http.post("/v1/messages", json=CHAT)
+    assert known.status_code == 200
+    assert unknown.status_code == 401 and unknown.json()["error"]["message"] == "unknown API key"
+    # No key on an Anthropic route: refused in Anthropic's error shape.
+    assert anthropic.status_code == 401
+    assert anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "authentication_error"

@@ -111,7 +111,9 @@ def test_flush_releases_held_back_text_at_the_end() -> None:
 
 def test_earliest_of_several_stop_strings_wins() -> None:
     matcher = StopStringMatcher(("world", "lo w"))
+    assert matcher.matched is None
     assert matcher.add("hello world") == ("hel", True)
+    assert matcher.matched == "lo w"  # the final event names it (Anthropic's stop_sequence)
 
 
 def test_stop_strings_are_ignored_while_not_allowed() -> None:

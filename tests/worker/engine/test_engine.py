@@ -110,8 +110,10 @@ def test_stop_string_spanning_tokens_cuts_the_text(engine: Engine) -> None:
     # A stop string made of the end of one token's text and the start of the next.
     k = next(i for i in range(5, len(pieces)) if len(pieces[i]) > 2 and len(pieces[i + 1]) > 2)
     stop = pieces[k][-2:] + pieces[k + 1][:2]
-    outputs = run_one(engine, make_request(prompt, max_tokens=40, ignore_eos=True, stop=(stop,)))
+    request = make_request(prompt, max_tokens=40, ignore_eos=True, stop=("never-seen", stop))
+    outputs = run_one(engine, request)
     assert outputs[-1].finish_reason is FinishReason.STOP
+    assert outputs[-1].stop_sequence == stop
     assert text_of(outputs) == text[: text.index(stop)]
 
 
