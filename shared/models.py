@@ -61,6 +61,8 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 # A LoRA adapter's name: no ':' (the OpenAI routes read ``model: "base:adapter"``) or '/'.
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][\w.\-]{0,63}$"
 MAX_LORA_RANK = 4096
+# A request's cache salt (vLLM's ``cache_salt``, shared.cache_scope): printable text.
+MAX_CACHE_SALT_CHARS = 256
 # What a request asks of the model: generated tokens, or the prompt's pooled hidden
 # state (an embedding; prefill only, no sampling).
 Task = Literal["generate", "embed"]
@@ -264,11 +266,24 @@ class GenerationRequest(_Strict):
     lora: str | None = Field(
         None, pattern=LORA_NAME_PATTERN, description="a LoRA adapter registered for the model"
     )
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CACHE_SALT_CHARS,
+        description="only requests with the same salt (and tenant) share cached prefixes",
+    )
 
     @field_validator("priority", mode="before")
     @classmethod
     def _priority(cls, value: object) -> int:
         return parse_priority(value)
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, salt: str | None) -> str | None:
+        if salt is not None and not salt.isprintable():
+            raise ValueError("it must be printable text (no control characters)")
+        return salt
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -140,5 +140,7 @@ def merge(group: list[RequestOutput]) -> RequestOutput:
         num_output_tokens=last.num_output_tokens,
         error=last.error,
         embedding=last.embedding,
+        num_prefix_queried_tokens=last.num_prefix_queried_tokens,
+        num_prefix_hit_tokens=last.num_prefix_hit_tokens,
         steps=[(len(o.new_token_ids), len(o.text)) for o in steps] if len(steps) > 1 else None,
     )

@@ -88,7 +88,16 @@ class RequestOutput:
     # What was wrong, for a request that ends with FinishReason.ERROR.
     error: str | None = None
     embedding: list[float] | None = None
+    # A request's last output: its prefix-cache lookups' tokens, queried and found cached.
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def with_prefix_figures(self, seq: Sequence) -> RequestOutput:
+        """This output with ``seq``'s prefix-cache figures (it ends ``seq``)."""
+        self.num_prefix_queried_tokens = seq.num_prefix_queried_tokens
+        self.num_prefix_hit_tokens = seq.num_prefix_hit_tokens
+        return self
