@@ -2,7 +2,7 @@
 (``worker.admission``) shares cached blocks with its own tenant's requests, never with
 another tenant's (unless the operator lets them share), and a request's cache_salt
 narrows that further. Another tenant's probe sees a cold cache, in the engine's hit
-figures and in its time to first token; the warm set follows the blocks; each tenant's
+figures and in the CPU time its first token costs; the warm set follows the blocks; each tenant's
 hits show in its usage and metrics."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import fakeredis
+import pytest
 
 from producer.client import Client
 from shared.keys import Keys, new_request_id
@@ -134,33 +135,37 @@ def test_the_warm_set_holds_a_tenants_fingerprints_not_anothers(engine: Engine) 
     assert globex.prefix_cuts[0][0] in set(engine.warm_fingerprints(64))
 
 
-def first_token_s(engine: Engine, request: EngineRequest) -> tuple[float, int]:
-    """Time from admission to the first output, as a client times its first token, and
-    the prompt tokens the request found cached."""
-    started = time.perf_counter()
+def first_token_cpu_s(engine: Engine, request: EngineRequest) -> tuple[float, int]:
+    """The engine's CPU time from admission to the request's first output (what its time
+    to first token is made of, less the waits a busy machine adds), and the prompt
+    tokens the request found cached."""
+    started = time.process_time()
     engine.add_request(request)
     outputs = engine.step()
     while not outputs:
         outputs = engine.step()
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     while engine.has_unfinished_requests():
         outputs = engine.step() or outputs
     return elapsed, outputs[-1].num_prefix_hit_tokens
 
 
-def test_another_tenants_probe_times_like_a_cold_cache(engine: Engine) -> None:
+@pytest.mark.usefixtures("one_thread")  # CPU time on one thread: no other thread's spin
+def test_another_tenants_probe_costs_what_a_cold_prefill_does(engine: Engine) -> None:
     """An attacker times its own request with a victim's suspected system prompt. Each
     probe comes from a fresh tenant (a tenant's second probe would hit its own first);
-    the least of several times is robust to a busy machine's stalls."""
+    the least of two is taken against stalls."""
     tenants = Tenants(engine, queue_with(), new_system(num_sentences=50))
     run(engine, tenants.request("victim", "What is my balance?"))
-    warm = [first_token_s(engine, tenants.request("victim", f"Question {n}?")) for n in range(2)]
-    probes = [first_token_s(engine, tenants.request(f"probe-{n}", "What is my balance?"))
-              for n in range(2)]  # fmt: skip
-    assert all(hits == 0 for _, hits in probes) and all(hits > 0 for _, hits in warm)
+    warm = [first_token_cpu_s(engine, tenants.request("victim", f"Question {n}?")) for n in (1, 2)]
+    probes = [
+        first_token_cpu_s(engine, tenants.request(f"probe-{n}", "What is my balance?"))
+        for n in (1, 2)
+    ]
+    assert all(hits > 0 for _, hits in warm) and all(hits == 0 for _, hits in probes)
     # A probe's prefill computes the whole prompt, as a cold one does: several times
     # the victim's own warm prefill, which computes only the question.
-    assert min(s for s, _ in probes) > 2 * min(s for s, _ in warm)
+    assert min(s for s, _ in probes) > 3 * min(s for s, _ in warm)
 
 
 def test_each_tenants_hits_show_in_its_usage_and_metrics(
