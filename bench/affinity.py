@@ -15,7 +15,7 @@ prefix hit rate, claims made by affinity, total time, p50/p99 time to first toke
 critical requests' queue times (median, max); then the ratios on/off.
 
     python bench/affinity.py [--prompts 12] [--questions 240] [--kv-cache-mib 236]
-        [--modes off,on] [--critical 5]
+        [--modes off,on] [--critical 5] [--tenant NAME]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
 from shared.keys import Keys
-from shared.models import Result
+from shared.models import TENANT, Result
 from shared.registry import mark_served
 from shared.replies import text
 from shared.settings import DEFAULT_MODEL, Settings
@@ -78,6 +78,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--modes", default="off,on", help="affinity modes to run, in order")
     parser.add_argument("--critical", type=int, default=5, help="critical requests per mode")
+    parser.add_argument("--tenant", default=None, help="submit every request as this tenant")
     return parser.parse_args()
 
 
@@ -96,8 +97,9 @@ def run(url: str, affinity: bool, args: argparse.Namespace, logs: Path) -> Run:
     pipe.execute()
     client = Client(connection=connection, settings=settings)
     systems = [preamble(n, SENTENCES) for n in range(args.prompts)]
+    tenant = {"metadata": {TENANT: args.tenant}} if args.tenant else {}
     bodies = [chat(systems[i % args.prompts], f"Question {i}: which shelf holds entry "
-                   f"{i % 31}? Answer in one line.", args.max_tokens)
+                   f"{i % 31}? Answer in one line.", args.max_tokens, **tenant)
               for i in range(args.questions)]  # fmt: skip
     worker_args = ("--kv-cache-mib", str(args.kv_cache_mib), "--no-self-check",
                    "--max-num-seqs", str(args.max_num_seqs))  # fmt: skip
@@ -114,7 +116,7 @@ def run(url: str, affinity: bool, args: argparse.Namespace, logs: Path) -> Run:
                             len(handles) * (n + 1) // (args.critical + 1)]  # fmt: skip
             results += [h.result(timeout=1800) for h in share]
             urgent = chat(preamble(90 + n, 8), "An urgent question.", args.max_tokens,
-                          priority="critical")  # fmt: skip
+                          priority="critical", **tenant)  # fmt: skip
             critical.append(client.submit_request(urgent))
         rest = handles[len(handles) * args.critical // (args.critical + 1) :]
         results += [h.result(timeout=1800) for h in rest]

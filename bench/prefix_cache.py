@@ -2,6 +2,8 @@
 every request, a short question each.
 
     python bench/prefix_cache.py    # shared_prefix64: a 570-token system prompt, 64 questions
+    python bench/prefix_cache.py --tenant acme    # each request salted as acme's, as a
+                                                  # worker salts a tenant's requests
 
 All requests are submitted at once to a warmed-up engine whose cache holds nothing
 of the system prompt yet; the figures are time to first token (median and p90) and
@@ -23,15 +25,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import Item, Run, at_once, drain, load  # bench/engine.py
 
+from shared.cache_scope import cache_salt
+from shared.models import TENANT, GenerationRequest
+from shared.settings import Settings
 from worker.engine import Engine, EngineConfig
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 WARM_UP = [Item(list(range(1000, 1000 + n)), 4, 50) for n in (40, 300, 600)]
 
 
-def measure(engine: Engine, items: list[Item]) -> Run:
+def measure(engine: Engine, items: list[Item], salt: bytes = b"") -> Run:
     drain(engine, at_once(WARM_UP))  # prompts that share nothing with the workload
-    return drain(engine, at_once(items))
+    arrivals = at_once(items)
+    for _, req in arrivals:
+        req.cache_salt = salt
+    return drain(engine, arrivals)
+
+
+def tenant_salt(tenant: str | None) -> bytes:
+    """The cache salt a worker gives ``tenant``'s requests (shared.cache_scope)."""
+    if tenant is None:
+        return b""
+    req = GenerationRequest(model="m", prompt="-", metadata={TENANT: tenant})
+    return cache_salt(req, Settings())
 
 
 def report(name: str, engine: Engine, run: Run) -> float:
@@ -68,7 +84,7 @@ def main() -> None:
                 f"{max(len(it.prompt_ids) for it in items)} tokens; {engine.runner.device}, "
                 f"torch threads {torch.get_num_threads()}"
             )
-        run = measure(engine, items)
+        run = measure(engine, items, tenant_salt(args.tenant))
         results[name] = (report(name, engine, run), run.wall_s)
         del engine
     (ttft_off, wall_off), (ttft_on, wall_on) = results["off"], results["on"]
@@ -90,6 +106,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
     parser.add_argument("--kv-cache-mib", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--tenant", default=None, help="salt every request as this tenant's")
     return parser.parse_args()
 
 

@@ -29,17 +29,20 @@ def build_request(
     idempotency_key: str | None = None,
     metadata: Mapping[str, MetadataValue] | None = None,
     lora: str | None = None,
+    cache_salt: str | None = None,
     **sampling: Any,
 ) -> GenerationRequest:
     """A validated request from ``submit``'s arguments: one of ``prompt`` (a text),
     ``prompt_token_ids`` (the prompt as token ids, checked against the model's
     vocabulary when it runs) and ``messages`` (with ``chat_template_kwargs`` for the
     chat template, e.g. ``{"enable_thinking": False}``); ``deadline`` is seconds from
-    now or an aware datetime; ``lora`` names a LoRA adapter registered for the model.
+    now or an aware datetime; ``lora`` names a LoRA adapter registered for the model;
+    ``cache_salt`` keeps its cached prefix apart from requests without the same salt.
     Raises InvalidRequest saying which field was wrong."""
     fields = {
         "model": model or settings.default_model,
         "lora": lora,
+        "cache_salt": cache_salt,
         "prompt": prompt,
         "prompt_token_ids": prompt_token_ids,
         "messages": messages,

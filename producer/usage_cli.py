@@ -23,7 +23,8 @@ def usage(
     tenant: Annotated[str | None, typer.Option(help="only this tenant")] = None,
     by_hour: Annotated[bool, typer.Option("--by-hour", help="a row per tenant and hour")] = False,
 ) -> None:
-    """Usage per tenant: prompt tokens, generated tokens and requests (UTC hours)."""
+    """Usage per tenant: prompt tokens, generated tokens, requests and the share of
+    prompt tokens found in the prefix cache (UTC hours)."""
     with cli_errors(console, redis_url), Client(settings=settings_for(redis_url)) as client:
         rows = read_usage(client.redis, client.keys, last_hours(hours))
     rows = [r for r in rows if tenant is None or r.tenant == tenant]
@@ -35,12 +36,14 @@ def _table(rows: list[TenantUsage], by_hour: bool, hours: int) -> Table:
     table = Table(title=title)
     if by_hour:
         table.add_column("hour")
-    for name in ("tenant", "prompt tokens", "generated tokens", "total tokens", "requests"):
+    names = ("tenant", "prompt tokens", "generated tokens", "total tokens", "requests")
+    for name in (*names, "prefix-cache hits"):
         table.add_column(name, justify="left" if name == "tenant" else "right")
     for r in rows:
         figures = (r.prompt_tokens, r.completion_tokens, r.total_tokens, r.requests)
         hour = [hour_text(r.hour)] if by_hour else []
-        table.add_row(*hour, r.tenant, *(f"{n:,}" for n in figures))
+        hits = f"{r.cache_hit_rate:.0%}" if r.cache_queried_tokens else "-"
+        table.add_row(*hour, r.tenant, *(f"{n:,}" for n in figures), hits)
     if not rows:
         table.caption = "no usage recorded in this span"
     return table

@@ -22,5 +22,8 @@ AFFINITY_CLAIMS = "tokenq:affinity_claims"
 TENANT_PROMPT_TOKENS = "tokenq:tenant_prompt_tokens"
 TENANT_GENERATION_TOKENS = "tokenq:tenant_generation_tokens"
 TENANT_REQUESTS = "tokenq:tenant_requests"
+# Prompt tokens of a tenant's requests looked up in the prefix cache, and found cached.
+TENANT_PREFIX_CACHE_QUERIES = "tokenq:tenant_prefix_cache_queries"
+TENANT_PREFIX_CACHE_HITS = "tokenq:tenant_prefix_cache_hits"
 MAX_TENANT_LABELS = 100
 OTHER_TENANTS = "other"

@@ -72,6 +72,8 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 # A LoRA adapter's name: no ':' (the OpenAI routes read ``model: "base:adapter"``) or '/'.
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][\w.\-]{0,63}$"
 MAX_LORA_RANK = 4096
+# A request's cache salt (vLLM's ``cache_salt``, shared.cache_scope): printable text.
+MAX_CACHE_SALT_CHARS = 256
 # What a request asks of the model: generated tokens, or the prompt's pooled hidden
 # state (an embedding; prefill only, no sampling); or of its tokenizer alone, answered
 # by the worker at admission without the model: the prompt (a text, or messages through
@@ -299,11 +301,24 @@ class GenerationRequest(_Strict):
     add_special_tokens: bool = Field(
         True, description="tokenize a prompt text: with the tokenizer's special tokens (BOS)"
     )
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CACHE_SALT_CHARS,
+        description="only requests with the same salt (and tenant) share cached prefixes",
+    )
 
     @field_validator("priority", mode="before")
     @classmethod
     def _priority(cls, value: object) -> int:
         return parse_priority(value)
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, salt: str | None) -> str | None:
+        if salt is not None and not salt.isprintable():
+            raise ValueError("it must be printable text (no control characters)")
+        return salt
 
     @field_validator("chat_template_kwargs")
     @classmethod

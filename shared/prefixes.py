@@ -7,7 +7,9 @@ few further messages (each cut covers every message before it); a plain prompt's
 leading character spans; a prompt of token ids' leading id spans. Each hash covers the
 one before it, so two requests share a fingerprint only if they share everything up
 to its cut. The adapter, the tools and the template's arguments seed the chain: they
-change the tokens (or the cached keys and values) of everything after them.
+change the tokens (or the cached keys and values) of everything after them; so does the
+request's cache salt (``shared.cache_scope``), the same that seeds the worker's block
+digests, so that a warm set never matches a request that could not use its blocks.
 
 enqueue.lua keeps them on the model's slot; each worker publishes the fingerprints it
 holds in its prefix cache (warm.lua); claim.lua prefers a warm match (bounded). The
@@ -43,12 +45,12 @@ class Cut:
     num_token_ids: int | None = None
 
 
-def cuts(req: GenerationRequest) -> list[Cut]:
+def cuts(req: GenerationRequest, salt: bytes) -> list[Cut]:
     """The request's cut points, shortest first (none for an embed request: it takes no
-    cached prefix)."""
+    cached prefix); ``salt`` is its cache salt (``shared.cache_scope.cache_salt``)."""
     if req.task == "embed":
         return []
-    seed = _seed(req)
+    seed = _seed(req, salt)
     if req.messages is not None:
         return _chat_cuts(seed, [m.template_view() for m in req.messages])
     if req.prompt is not None:
@@ -61,9 +63,9 @@ def cuts(req: GenerationRequest) -> list[Cut]:
     return [Cut(fp, num_token_ids=n) for fp, n in zip(_chain(seed, pieces), points, strict=True)]
 
 
-def fingerprints(req: GenerationRequest) -> list[str]:
+def fingerprints(req: GenerationRequest, salt: bytes) -> list[str]:
     """The request's fingerprints, shortest cut first."""
-    return [c.fingerprint for c in cuts(req)]
+    return [c.fingerprint for c in cuts(req, salt)]
 
 
 def _chat_cuts(seed: bytes, messages: list[dict[str, Any]]) -> list[Cut]:
@@ -79,9 +81,11 @@ def _spans(prompt: str, points: list[int]) -> list[bytes]:
     return [prompt[a:b].encode() for a, b in zip([0, *points], points, strict=False)]
 
 
-def _seed(req: GenerationRequest) -> bytes:
+def _seed(req: GenerationRequest, salt: bytes) -> bytes:
     tools = None if req.tools is None else [t.model_dump() for t in req.tools]
-    context = [req.lora, tools, req.chat_template_kwargs]
+    context: list[Any] = [req.lora, tools, req.chat_template_kwargs]
+    if salt:  # unsalted: the chain as it was before salts
+        context.append(salt.hex())
     return orjson.dumps(context, option=orjson.OPT_SORT_KEYS)
 
 

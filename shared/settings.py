@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     # claim takes it first (it is also taken after 16 passes, whichever comes first):
     # about a request's service time, so that its warm worker has a chance to free a row.
     prefix_affinity_max_wait_ms: int = Field(1_000, ge=0)
+    # Tenants whose requests share one prefix cache (KV blocks and warm sets) with each
+    # other and with requests that have no tenant: a comma list of tenant names, or *
+    # for all (a single-tenant deployment). Every other tenant's cache is its own
+    # (shared.cache_scope). Set it alike on gateways, clients and workers.
+    cache_shared_tenants: str = ""
     drain_timeout_s: float = Field(30.0, ge=0)
     # A worker holds what its engine steps produce for up to this long and then writes
     # it in one round trip: each request's tokens since its last write as one stream

@@ -1,4 +1,5 @@
-"""Usage per tenant per UTC hour: prompt tokens, generated tokens and requests.
+"""Usage per tenant per UTC hour: prompt tokens, generated tokens and requests, and the
+prompt tokens its requests looked up in the prefix cache and found there.
 
 A worker adds a request's usage (the final event's, what its client was told) once
 its finish went through, in the round trip that settles it; each hour is one hash
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 import redis.asyncio
@@ -23,7 +24,16 @@ from shared.scripts import ScriptCall
 from shared.settings import Settings
 
 NO_TENANT = "default"  # requests submitted without a tenant (an open gateway's name too)
-KINDS = ("prompt", "completion", "requests")
+KINDS = ("prompt", "completion", "requests", "cache_queried", "cache_hits")
+
+
+class Used(NamedTuple):
+    """One ended request as its tenant's hour counts it."""
+
+    tenant: str | None
+    usage: Usage
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
 
 def hour_of(unix_s: float) -> int:
@@ -34,18 +44,22 @@ def hour_of(unix_s: float) -> int:
 def record_call(
     keys: Keys,
     settings: Settings,
-    used: Sequence[tuple[str | None, Usage]],
+    used: Sequence[Used | tuple[str | None, Usage]],
     now_s: float | None = None,
 ) -> ScriptCall:
-    """usage.lua: each (tenant, usage) added to the current hour (summed per tenant
-    first: three counters per tenant, however many of its requests ended)."""
+    """usage.lua: each request's usage (a ``Used``, or a (tenant, usage) pair) added to
+    the current hour (summed per tenant first: five counters per tenant, however many
+    of its requests ended)."""
     key = keys.usage(hour_of(time.time() if now_s is None else now_s))
     sums: dict[str, list[int]] = {}
-    for tenant, u in used:
-        row = sums.setdefault(tenant or NO_TENANT, [0, 0, 0])
-        row[0] += u.prompt_tokens
-        row[1] += u.completion_tokens
+    for item in used:
+        one = item if isinstance(item, Used) else Used(*item)
+        row = sums.setdefault(one.tenant or NO_TENANT, [0, 0, 0, 0, 0])
+        row[0] += one.usage.prompt_tokens
+        row[1] += one.usage.completion_tokens
         row[2] += 1
+        row[3] += one.num_prefix_queried_tokens
+        row[4] += one.num_prefix_hit_tokens
     args: list[str | int] = []
     for tenant, row in sums.items():
         args += [tenant, *row]
@@ -59,10 +73,20 @@ class TenantUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     requests: int = 0
+    # Prompt tokens looked up in the prefix cache, and of those found cached.
+    cache_queried_tokens: int = 0
+    cache_hit_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """The share of its looked-up prompt tokens found cached, 0..1."""
+        return (
+            self.cache_hit_tokens / self.cache_queried_tokens if self.cache_queried_tokens else 0.0
+        )
 
 
 def read_usage(r: redis.Redis, keys: Keys, hours: Sequence[int]) -> list[TenantUsage]:
@@ -96,8 +120,7 @@ def parse_usage(hours: Sequence[int], replies: list[Any]) -> list[TenantUsage]:
 
 
 def _row(tenant: str, hour: int, counts: dict[str, int]) -> TenantUsage:
-    prompt, completion = counts.get("prompt", 0), counts.get("completion", 0)
-    return TenantUsage(tenant, hour, prompt, completion, counts.get("requests", 0))
+    return TenantUsage(tenant, hour, *(counts.get(kind, 0) for kind in KINDS))
 
 
 def last_hours(num_hours: int, now_s: float | None = None) -> list[int]:
@@ -117,5 +140,7 @@ def totals(rows: list[TenantUsage]) -> list[TenantUsage]:
             t.prompt_tokens + r.prompt_tokens,
             t.completion_tokens + r.completion_tokens,
             t.requests + r.requests,
+            t.cache_queried_tokens + r.cache_queried_tokens,
+            t.cache_hit_tokens + r.cache_hit_tokens,
         )
     return sorted(by_tenant.values(), key=lambda u: (-u.total_tokens, u.tenant))

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from shared.cache_scope import cache_salt
 from shared.models import FunctionSpec, GenerationRequest
 from worker.engine.request import EngineRequest, LoraRef
 from worker.held import Held
@@ -32,6 +33,7 @@ def engine_request(
     ids = prompt_token_ids(encoder, req)
     held.num_prompt_tokens = len(ids)
     deadline = None if req.deadline_ms is None else req.deadline_ms / 1000
+    salt = cache_salt(req, queue.settings)
     return EngineRequest(
         request_id=held.request_id,
         prompt_token_ids=ids,
@@ -44,7 +46,8 @@ def engine_request(
         task=req.task,
         dimensions=req.dimensions,
         lora=lora_ref(queue, req),
-        prefix_cuts=() if cuts is None else cuts.of(req, ids),
+        cache_salt=salt,
+        prefix_cuts=() if cuts is None else cuts.of(req, ids, salt),
     )
 
 

@@ -143,5 +143,7 @@ def merge(group: list[RequestOutput]) -> RequestOutput:
         embedding=last.embedding,
         prompt_logprobs=last.prompt_logprobs,
         stop_sequence=last.stop_sequence,
+        num_prefix_queried_tokens=last.num_prefix_queried_tokens,
+        num_prefix_hit_tokens=last.num_prefix_hit_tokens,
         steps=[(len(o.new_token_ids), len(o.text)) for o in steps] if len(steps) > 1 else None,
     )

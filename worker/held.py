@@ -38,6 +38,10 @@ class Held:
     # Its prefix fingerprints (with prefix affinity on): published as warm while it is
     # held, since its prefill puts them in the cache.
     fingerprints: tuple[str, ...] = ()
+    # Its prefix-cache lookups here (from the engine's last output for it): tokens
+    # queried and found cached, for its tenant's figures.
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
     def record(self, token_ids: list[int], text: str) -> None:
         self.token_ids.extend(token_ids)

@@ -94,6 +94,9 @@ class WorkerMetrics:
     def on_tenant_usage(self, tenant: str | None, usage: Usage) -> None:
         self.tenants.on_usage(tenant, usage)
 
+    def on_tenant_prefix_cache(self, tenant: str | None, num_queried: int, num_hit: int) -> None:
+        self.tenants.on_prefix_cache(tenant, num_queried, num_hit)
+
     def on_tokens(self, num_tokens: int, gap_s: float | None) -> None:
         self._generated.inc(num_tokens)
         if gap_s is not None and num_tokens:

@@ -36,11 +36,14 @@ class PrefixCuts:
         self.encoder = encoder
         self._renderings: OrderedDict[str, list[int]] = OrderedDict()
 
-    def of(self, req: GenerationRequest, ids: Sequence[int]) -> tuple[tuple[str, int], ...]:
+    def of(
+        self, req: GenerationRequest, ids: Sequence[int], salt: bytes
+    ) -> tuple[tuple[str, int], ...]:
         """(fingerprint, prompt tokens up to its cut) for each cut that renders to a
-        prefix of ``ids``; none when prefix affinity cannot use them."""
+        prefix of ``ids``; none when prefix affinity cannot use them. ``salt``: the
+        request's cache salt, which its fingerprints and its blocks' digests start from."""
         out = []
-        for cut in cuts(req):
+        for cut in cuts(req, salt):
             rendered = self._rendering(req, cut)
             num_tokens = _common_prefix(rendered, ids) if rendered is not None else 0
             if num_tokens:

@@ -32,7 +32,7 @@ from shared.replication import Confirm, Replicas, first_keys
 from shared.replies import text
 from shared.scripts import ScriptCall, Scripts
 from shared.settings import Settings
-from shared.usage import record_call
+from shared.usage import Used, record_call
 from worker.held import Held
 from worker.publisher import Planned, StepPlan
 
@@ -229,7 +229,11 @@ class ModelQueue:
             if (n := excess_tokens(h.request, final.usage.prompt_tokens,
                                    final.usage.completion_tokens))
         ]  # fmt: skip
-        used = [(h.request.tenant, final.usage) for h, final in finals]
+        used = [
+            Used(h.request.tenant, final.usage, h.num_prefix_queried_tokens,
+                 h.num_prefix_hit_tokens)
+            for h, final in finals
+        ]  # fmt: skip
         settle = Settle(self.tag, [f.moved for _, f in done], charges)
         return [settle.call(self.keys), record_call(self.keys, self.settings, used)]
 

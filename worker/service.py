@@ -13,6 +13,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from shared.cache_scope import cache_salt
 from shared.connection import UNREACHABLE, Backoff
 from shared.errors import ReplicationTimeout
 from shared.models import FinalEvent, FinishReason, GenerationRequest
@@ -216,13 +217,15 @@ class WorkerService:
         self.coalescer.add(outputs, step_s=clock() - started)
         for out in outputs:
             if out.finish_reason is not None:
-                self._engine_let_go(out.request_id)
+                self._engine_let_go(out)
 
-    def _engine_let_go(self, request_id: str) -> None:
-        held = self.held.get(request_id)
+    def _engine_let_go(self, out: RequestOutput) -> None:
+        held = self.held.get(out.request_id)
         if held is not None:
             held.done_in_engine = True
-        self.handoffs.let_go(request_id)
+            held.num_prefix_queried_tokens = out.num_prefix_queried_tokens
+            held.num_prefix_hit_tokens = out.num_prefix_hit_tokens
+        self.handoffs.let_go(out.request_id)
 
     def flush(self, force: bool = False) -> None:
         """Write what is held, if it is due (or ``force``): every token and final event
@@ -287,6 +290,9 @@ class WorkerService:
             final = FinalEvent.model_validate_json(written.finished.final_json)
             self.metrics.on_finish(held.request.priority, final)
             self.metrics.on_tenant_usage(held.request.tenant, final.usage)
+            self.metrics.on_tenant_prefix_cache(
+                held.request.tenant, held.num_prefix_queried_tokens, held.num_prefix_hit_tokens
+            )
             if planned.output.error is not None and not held.done_in_engine:
                 self._abort(held.request_id, FinishReason.ERROR)  # it failed on the way out
             with self.held_lock:
@@ -393,7 +399,8 @@ class WorkerService:
         if request.task in TOKENIZER_TASKS:
             self._answer_now(Held(claimed.request_id, claimed.lease_token, request))
             return
-        fps = tuple(fingerprints(request)) if self.prefix_cuts else ()
+        salt = cache_salt(request, self.settings)
+        fps = tuple(fingerprints(request, salt)) if self.prefix_cuts else ()
         held = Held(claimed.request_id, claimed.lease_token, request, fingerprints=fps)
         if claimed.num_generated and not self._restore(held):
             return

@@ -24,6 +24,18 @@ class TenantCounters:
         self.requests = Counter(
             names.TENANT_REQUESTS, "Requests ended per tenant", labels, registry=registry
         )
+        self.prefix_queries = Counter(
+            names.TENANT_PREFIX_CACHE_QUERIES,
+            "Prompt tokens looked up in the prefix cache per tenant",
+            labels,
+            registry=registry,
+        )
+        self.prefix_hits = Counter(
+            names.TENANT_PREFIX_CACHE_HITS,
+            "Of those, tokens found cached per tenant",
+            labels,
+            registry=registry,
+        )
         self._named: set[str] = set()
 
     def label(self, tenant: str | None) -> str:
@@ -40,3 +52,9 @@ class TenantCounters:
         self.prompt_tokens.labels(*label).inc(usage.prompt_tokens)
         self.generation_tokens.labels(*label).inc(usage.completion_tokens)
         self.requests.labels(*label).inc()
+
+    def on_prefix_cache(self, tenant: str | None, num_queried: int, num_hit: int) -> None:
+        """A request's prefix-cache lookups, counted with its usage (when it ends)."""
+        label = (self.model, self.label(tenant))
+        self.prefix_queries.labels(*label).inc(num_queried)
+        self.prefix_hits.labels(*label).inc(num_hit)

@@ -37,6 +37,10 @@ class UsageRow(BaseModel):
     completion_tokens: int
     total_tokens: int
     requests: int
+    # Its prompt tokens looked up in the prefix cache (its own, unless shared), and found.
+    cache_queried_tokens: int = 0
+    cache_hit_tokens: int = 0
+    cache_hit_rate: float = 0.0
 
 
 async def batch_rows(r: redis.asyncio.Redis, bkeys: BatchKeys, limit: int) -> list[BatchRow]:
@@ -86,6 +90,9 @@ async def usage_rows(r: redis.asyncio.Redis, keys: Keys, now_s: float) -> list[U
             completion_tokens=u.completion_tokens,
             total_tokens=u.total_tokens,
             requests=u.requests,
+            cache_queried_tokens=u.cache_queried_tokens,
+            cache_hit_tokens=u.cache_hit_tokens,
+            cache_hit_rate=round(u.cache_hit_rate, 4),
         )
         for u in rows
     ]

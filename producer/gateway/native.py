@@ -23,11 +23,12 @@ from producer.gateway.errors import (
 from producer.gateway.hub import parse_cursor
 from producer.gateway.sse import KEEPALIVE, SSEResponse, frame
 from producer.openai.requests import deadline_ms
-from producer.openai.schemas import PRIORITY_DOC
+from producer.openai.schemas import CACHE_SALT_DOC, PRIORITY_DOC
 from producer.refusals import SAMPLING_FIELDS, refusal_of
 from shared.errors import TokenqError
 from shared.keys import REQUEST_ID_RE
 from shared.models import (
+    MAX_CACHE_SALT_CHARS,
     ChatMessage,
     FinishReason,
     GenerationRequest,
@@ -66,6 +67,9 @@ class SubmitBody(BaseModel):
     deadline: float | None = Field(None, description="seconds from now to finish by")
     idempotency_key: str | None = None
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    cache_salt: str | None = Field(
+        None, description=CACHE_SALT_DOC, json_schema_extra={"maxLength": MAX_CACHE_SALT_CHARS}
+    )
 
 
 class SubmitReply(BaseModel):
@@ -215,6 +219,7 @@ def _request(body: SubmitBody, caller: Principal, settings: Settings) -> Generat
         "deadline_ms": deadline_ms(body.deadline),
         "idempotency_key": body.idempotency_key,
         "metadata": {**body.metadata, "tenant": caller.tenant},
+        "cache_salt": body.cache_salt,
     }
     try:
         return GenerationRequest.model_validate(data)

@@ -263,6 +263,7 @@ def _build(
         "deadline_ms": deadline_ms(body.deadline),
         "idempotency_key": body.idempotency_key,
         "metadata": {**(metadata or {}), **extra, **tenant_metadata(origin)},
+        "cache_salt": body.cache_salt,
     }
     try:
         return GenerationRequest.model_validate(data)

@@ -2,7 +2,7 @@
 
 tokenq's own fields ride along as extra body fields, as vLLM's do: priority,
 deadline, idempotency_key, top_k, min_p, min_tokens, repetition_penalty, ignore_eos,
-stop_token_ids, guided_json, guided_regex. Unknown fields are refused with 400
+stop_token_ids, guided_json, guided_regex, cache_salt. Unknown fields are refused with 400
 naming them, rather than ignored.
 """
 
@@ -14,10 +14,14 @@ from typing import Any, Literal
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.models import MAX_N, SamplingParams
+from shared.models import MAX_CACHE_SALT_CHARS, MAX_N, SamplingParams
 
 MAX_DEADLINE_S = 366 * 24 * 3600
 PRIORITY_DOC = "tokenq: low, normal, high, critical or 0..100 (higher runs first)"
+CACHE_SALT_DOC = (
+    "vLLM's: only requests with the same salt (and of the same tenant) share cached "
+    f"prefixes; 1 to {MAX_CACHE_SALT_CHARS} printable characters"
+)
 _BOUNDS = {
     annotated_types.Ge: "minimum",
     annotated_types.Gt: "exclusiveMinimum",
@@ -87,6 +91,9 @@ class GenerationBody(QueueFields):
     stop_token_ids: list[int] | None = _sampled("stop_token_ids")
     prompt_logprobs: int | None = _sampled(
         "prompt_logprobs", "vLLM: each prompt token's logprob and this many alternatives"
+    )
+    cache_salt: str | None = Field(
+        None, description=CACHE_SALT_DOC, json_schema_extra={"maxLength": MAX_CACHE_SALT_CHARS}
     )
 
 

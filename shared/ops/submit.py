@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from shared.cache_scope import cache_salt
 from shared.fairness import estimated_tokens, fair_member, units
 from shared.keys import Keys, model_tag
 from shared.models import GenerationRequest, dumps
@@ -119,7 +120,7 @@ class Enqueue:
                 units(estimated_tokens(req), req.weight),
                 req.lora or "",
                 GUIDED_MARK if req.sampling.guided else 0,
-                " ".join(fingerprints(req)),
+                " ".join(fingerprints(req, cache_salt(req, settings))),
             ],
         )
 

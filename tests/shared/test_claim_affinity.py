@@ -169,7 +169,8 @@ def test_fair_order_holds_among_warm_matches(client: Client) -> None:
     a_cold, a_hot = submit("a", 2, "law"), submit("a", 4, "tax")
     b_hot = submit("b", 2, "tax")
     queued = [text(i) for i in client.redis.zrange(KEYS.queue(TAG), 0, -1)]
-    warm(client, "w", [system_fingerprint(client, a_hot[0])])
+    # Each tenant's cache is its own: the worker holds both tenants' system prompt warm.
+    warm(client, "w", [system_fingerprint(client, a_hot[0]), system_fingerprint(client, b_hot[0])])
     hot_ids = {h.id for h in a_hot + b_hot}
     # The warm matches come in the queue's (fair) order: b shares the service with a.
     taken = [ids(claim(client))[0] for _ in range(6)]

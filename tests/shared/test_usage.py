@@ -12,6 +12,7 @@ from shared.settings import Settings
 from shared.usage import (
     NO_TENANT,
     TenantUsage,
+    Used,
     hour_of,
     last_hours,
     read_usage,
@@ -43,3 +44,17 @@ def test_usage_adds_up_per_tenant_and_hour_and_expires(any_redis: redis.Redis) -
     ]
     assert totals(rows)[0] == TenantUsage("acme", hour + 1, 7, 10, 3)
     assert 0 < any_redis.ttl(Keys().usage(hour)) <= 7200
+
+
+def test_prefix_cache_figures_add_up_per_tenant(any_redis: redis.Redis) -> None:
+    scripts = Scripts(any_redis)
+    used: list[Used | tuple[str, Usage]] = [
+        Used("acme", Usage(prompt_tokens=100), 100, 64),
+        Used("acme", Usage(prompt_tokens=50), 50, 0),
+        ("beta", Usage(prompt_tokens=8)),  # a worker that reports none
+    ]
+    scripts.run(record_call(Keys(), Settings(), used, NOW_S))
+    acme, beta = totals(read(any_redis, [hour_of(NOW_S)]))
+    assert (acme.cache_queried_tokens, acme.cache_hit_tokens) == (150, 64)
+    assert round(acme.cache_hit_rate, 3) == 0.427
+    assert (beta.cache_queried_tokens, beta.cache_hit_rate) == (0, 0.0)

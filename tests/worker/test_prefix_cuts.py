@@ -43,7 +43,9 @@ def test_each_cut_maps_to_the_tokens_it_shares_with_the_prompt() -> None:
     ids = encoder.encode_chat([m.template_view() for m in req.messages or ()])
     system_len = len("<system>:be brief|")
     # The system prompt rendered alone agrees up to its end (then 'assistant' vs '<user>').
-    assert cuts.of(req, ids) == tuple(zip(fingerprints(req), [system_len, len(ids)], strict=True))
+    assert cuts.of(req, ids, b"") == tuple(
+        zip(fingerprints(req, b""), [system_len, len(ids)], strict=True)
+    )
 
 
 def test_a_shared_cut_is_rendered_once() -> None:
@@ -51,7 +53,7 @@ def test_a_shared_cut_is_rendered_once() -> None:
     cuts = PrefixCuts(encoder)
     for question in ("a", "b", "c"):
         req = chat(question)
-        cuts.of(req, encoder.encode_chat([m.template_view() for m in req.messages or ()]))
+        cuts.of(req, encoder.encode_chat([m.template_view() for m in req.messages or ()]), b"")
     assert encoder.num_renders == 3 + 1 + 3  # the prompts, the system prompt once, each whole
 
 
@@ -59,4 +61,7 @@ def test_a_plain_prompts_spans() -> None:
     encoder = CharEncoder()
     prompt = "p" * 1100
     req = GenerationRequest(model="m", prompt=prompt)
-    assert [n for _, n in PrefixCuts(encoder).of(req, encoder.encode_prompt(prompt))] == [512, 1024]
+    assert [n for _, n in PrefixCuts(encoder).of(req, encoder.encode_prompt(prompt), b"")] == [
+        512,
+        1024,
+    ]

@@ -398,7 +398,7 @@ class Engine(TokenizerPrompts):
             None,
             seq.num_prompt_tokens,
             seq.num_output_tokens,
-        )
+        ).with_prefix_figures(seq)
 
     def _postprocess(
         self, sched_out: SchedulerOutput, runner_out: RunnerOutput
@@ -432,7 +432,7 @@ class Engine(TokenizerPrompts):
             seq.num_prompt_tokens,
             0,
             embedding=embedding,
-        )
+        ).with_prefix_figures(seq)
 
     def _token_output(
         self,
@@ -485,6 +485,7 @@ class Engine(TokenizerPrompts):
             seq.drop_pending()  # tokens computed after the last one (asynchronous steps)
             self.scheduler.finish(seq, out.finish_reason)
             self.outputs.end(seq.request_id)
+            out.with_prefix_figures(seq)
         return out
 
     def _cache_sizes(self) -> CacheSizes:

@@ -123,6 +123,8 @@ class KVCacheManager:
         if not seq.block_table and self.enable_prefix_caching:
             self.num_queried_tokens += seq.num_tokens
             self.num_hit_tokens += len(cached) * self.block_size
+            seq.num_prefix_queried_tokens += seq.num_tokens
+            seq.num_prefix_hit_tokens += len(cached) * self.block_size
         for block_id in cached:
             if self.ref_counts[block_id] == 0:
                 del self._free[block_id]
@@ -211,8 +213,9 @@ class KVCacheManager:
         size = self.block_size
         while len(digests) < num_blocks:
             start = len(digests) * size
-            # The first block's digest starts from the adapter's salt: the same prompt
-            # under another adapter (or none) has other keys and values.
+            # The first block's digest starts from the adapter's salt (the same prompt
+            # under another adapter, or none, has other keys and values) and the
+            # request's cache salt (another tenant's cache is not this one's).
             h = hashlib.blake2b(digests[-1] if digests else _salt(seq), digest_size=16)
             h.update(array("q", seq.token_ids[start : start + size]).tobytes())
             digests.append(h.digest())
@@ -226,4 +229,4 @@ MAX_TRACKED_FINGERPRINTS = 1024
 
 def _salt(seq: Sequence) -> bytes:
     lora = seq.request.lora
-    return b"" if lora is None else lora.cache_salt
+    return (b"" if lora is None else lora.cache_salt) + seq.request.cache_salt

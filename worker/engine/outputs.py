@@ -106,7 +106,16 @@ class RequestOutput:
     # (the first token's logprob None).
     prompt_logprobs: list[dict[str, Any]] | None = None
     stop_sequence: str | None = None  # the stop string that ended it, if one did
+    # A request's last output: its prefix-cache lookups' tokens, queried and found cached.
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def with_prefix_figures(self, seq: Sequence) -> RequestOutput:
+        """This output with ``seq``'s prefix-cache figures (it ends ``seq``)."""
+        self.num_prefix_queried_tokens = seq.num_prefix_queried_tokens
+        self.num_prefix_hit_tokens = seq.num_prefix_hit_tokens
+        return self

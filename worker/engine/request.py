@@ -49,6 +49,9 @@ class EngineRequest:
     task: Task = "generate"
     dimensions: int | None = None
     lora: LoraRef | None = None
+    # Its cache salt (shared.cache_scope): only requests with the same one share cached
+    # blocks; empty for requests of the common cache.
+    cache_salt: bytes = b""
     # Its prefix fingerprints (shared/prefixes.py), each with the number of prompt tokens
     # its cut renders to: the KV cache says which it holds warm (``warm_fingerprints``).
     prefix_cuts: tuple[tuple[str, int], ...] = ()
@@ -94,6 +97,10 @@ class Sequence:
     num_cached_blocks: int = 0
     state_slot: int | None = None
     block_digests: list[bytes] = field(default_factory=list, repr=False)
+    # Its prefix-cache lookups (one per admission, again after a preemption): tokens
+    # looked up, and of those found cached; summed per tenant by the worker.
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
     boost: int = 0
     finish_reason: FinishReason | None = None
     # Asynchronous scheduling (``worker.engine.overlap``): the last tokens are

@@ -78,6 +78,8 @@ export function renderUsage(tbody, usage) {
   const rows = usage.map((u) => el("tr", { "data-tenant": u.tenant },
     el("td", {}, u.tenant), el("td", { class: "num" }, u.prompt_tokens),
     el("td", { class: "num" }, u.completion_tokens), el("td", { class: "num" }, u.total_tokens),
-    el("td", { class: "num" }, u.requests)));
-  fill(tbody, rows, 5, "no usage in the last 24 hours");
+    el("td", { class: "num" }, u.requests),
+    el("td", { class: "num", title: `${u.cache_hit_tokens} of ${u.cache_queried_tokens} looked-up prompt tokens` },
+      u.cache_queried_tokens ? percent(u.cache_hit_rate) : "–")));
+  fill(tbody, rows, 6, "no usage in the last 24 hours");
 }

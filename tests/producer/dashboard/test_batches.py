@@ -18,7 +18,7 @@ from producer.dashboard.errors import NotFoundError
 from shared.keys import BatchKeys
 from shared.models import RequestState, Usage
 from shared.scripts import AsyncScripts, Scripts
-from shared.usage import record_call
+from shared.usage import Used, record_call
 from tests.producer.batch.conftest import jsonl
 from tests.producer.dashboard.conftest import MODEL, World
 
@@ -63,10 +63,15 @@ async def test_cancel_of_a_missing_batch_is_404(world: World) -> None:
 
 
 async def test_usage_rows_are_the_last_days_per_tenant(world: World) -> None:
-    used = [("acme", Usage(prompt_tokens=3, completion_tokens=4)), ("beta", Usage())]
+    used: list[Used | tuple[str, Usage]] = [
+        Used("acme", Usage(prompt_tokens=3, completion_tokens=4), 40, 30),
+        ("beta", Usage()),
+    ]
     Scripts(world.sync).run(record_call(world.keys, world.settings, used))
     rows = await usage_rows(world.aio, world.keys, time.time())
     assert [(u.tenant, u.total_tokens, u.requests) for u in rows] == [
         ("acme", 7, 1),
         ("beta", 0, 1),
     ]
+    hits = [(u.cache_hit_tokens, u.cache_queried_tokens, u.cache_hit_rate) for u in rows]
+    assert hits == [(30, 40, 0.75), (0, 0, 0.0)]
