@@ -29,14 +29,16 @@ def build_request(
     idempotency_key: str | None = None,
     metadata: Mapping[str, MetadataValue] | None = None,
     lora: str | None = None,
+    traceparent: str | None = None,
     **sampling: Any,
 ) -> GenerationRequest:
     """A validated request from ``submit``'s arguments: one of ``prompt`` (a text),
     ``prompt_token_ids`` (the prompt as token ids, checked against the model's
     vocabulary when it runs) and ``messages`` (with ``chat_template_kwargs`` for the
     chat template, e.g. ``{"enable_thinking": False}``); ``deadline`` is seconds from
-    now or an aware datetime; ``lora`` names a LoRA adapter registered for the model.
-    Raises InvalidRequest saying which field was wrong."""
+    now or an aware datetime; ``lora`` names a LoRA adapter registered for the model;
+    ``traceparent`` is a W3C trace context to trace it under. Raises InvalidRequest
+    saying which field was wrong."""
     fields = {
         "model": model or settings.default_model,
         "lora": lora,
@@ -49,6 +51,7 @@ def build_request(
         "deadline_ms": _deadline_ms(deadline),
         "idempotency_key": idempotency_key,
         "metadata": dict(metadata or {}),
+        "traceparent": traceparent,
     }
     return validate_request(settings, fields)
 

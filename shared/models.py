@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shared.guided import UnsupportedSchema, check_json_schema
 from shared.priority import Priority, parse_priority
+from shared.tracing import check_traceparent
 
 SCHEMA_VERSION = 1
 MAX_STOP_STRINGS = 16
@@ -264,6 +265,14 @@ class GenerationRequest(_Strict):
     lora: str | None = Field(
         None, pattern=LORA_NAME_PATTERN, description="a LoRA adapter registered for the model"
     )
+    traceparent: str | None = Field(
+        None, max_length=512, description="W3C trace context: the span its spans go under"
+    )
+
+    @field_validator("traceparent")
+    @classmethod
+    def _traceparent(cls, value: str | None) -> str | None:
+        return None if value is None else check_traceparent(value)
 
     @field_validator("priority", mode="before")
     @classmethod
