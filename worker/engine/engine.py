@@ -26,6 +26,7 @@ from worker.engine.pooling import Pooler
 from worker.engine.prompt_tokens import TokenizerPrompts
 from worker.engine.request import EngineRequest, SeqStatus, Sequence
 from worker.engine.runner_support import device_broken
+from worker.engine.schedule_events import ScheduleEvents
 from worker.engine.scheduler import Scheduler
 from worker.engine.self_check import self_check
 from worker.engine.state_slots import CacheSizes, split_budget
@@ -81,6 +82,7 @@ class Engine(TokenizerPrompts):
         self.compiling = CompilingRequests(self.grammars, config.grammar_compile_timeout_s)
         self.pooler = Pooler(config.pooling)
         self._in_flight: InFlight | None = None
+        self.schedule_events: ScheduleEvents | None = None  # set while the worker traces
         self.num_steps = 0  # steps the runner ran (launched, when asynchronous)
         self.num_host_waits = 0  # times the host waited for a step's tokens
 
@@ -138,6 +140,8 @@ class Engine(TokenizerPrompts):
         if req.deadline_unix_s is not None:
             self._deadlines[req.request_id] = seq
         self.scheduler.add(seq)
+        if self.schedule_events is not None:
+            self.schedule_events.added(seq)
         if seq.num_output_tokens >= req.sampling.max_tokens:
             self._pending_finish[req.request_id] = (seq, FinishReason.LENGTH)
 
@@ -215,6 +219,8 @@ class Engine(TokenizerPrompts):
         sched_out = self.scheduler.schedule()
         for seq in sched_out.preempted:
             self.pooler.discard(seq.request_id)  # computed again from its first token
+        if self.schedule_events is not None:
+            self.schedule_events.scheduled(sched_out)
         return sched_out
 
     def _read(self, done: InFlight) -> list[RequestOutput]:
