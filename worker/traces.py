@@ -14,9 +14,9 @@ Under the request's recorded ``traceparent`` (its submit span):
   preemption an event) and ``tokenq.publish`` (from the engine's last output to Redis
   acknowledging the final: the write's hold and its round trip).
 
-The work is per request and per step, never per token: a step's outputs are looked
-at only while a request awaits its first token, and the engine reports its prefill
-chunks and preemptions per step (``worker.engine.schedule_events``).
+The work is per request and per step, never per token: the engine reports prefill
+chunks, prefills' ends and preemptions per step (``worker.engine.schedule_events``),
+and a step's outputs are looked at only in the steps after a prefill ended.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class RequestTrace:
     request_id: str
     root: Span
     phase: Span  # prefill, then decode
+    decoding: bool = False
     publish: Span | None = None
 
 
@@ -62,6 +63,8 @@ class WorkerTraces:
             self.schedule = engine.schedule_events = ScheduleEvents()
         self.claims: dict[str, tuple[int, int]] = {}  # claim call's start and end, ns
         self.traces: dict[str, RequestTrace] = {}
+        # Requests whose first token a step's outputs may hold: those whose prefill the
+        # engine has just finished (all admitted ones, with an engine that does not say).
         self.awaiting_first: set[str] = set()
 
     def claimed(self, claimed: list[Claimed], started_ns: int) -> None:
@@ -75,23 +78,30 @@ class WorkerTraces:
     ) -> None:
         """The engine took ``held`` (or refused it with ``error``, ending it)."""
         now_ns = time.time_ns()
-        claim_ns = self.claims.pop(claimed.request_id, (started_ns, started_ns))
-        attributes = self._attributes(claimed, held)
-        self._queue_wait(claimed, held, attributes)
-        root = self._span("tokenq.process", held.request.traceparent, attributes, claim_ns[0])
-        root.set_attribute("gen_ai.usage.input_tokens", held.num_prompt_tokens)
-        ids = {"tokenq.request.id": held.request_id}
-        self._span("tokenq.claim", root, ids, claim_ns[0]).end(claim_ns[1])
-        admission = self._span("tokenq.admission", root, ids, started_ns)
+        root, admission = self._claimed_and_admitted(claimed, held, started_ns)
         if error is not None:
             for span in (admission, root):
                 tracing.fail(span, error)
                 span.end(now_ns)
             return
         admission.end(now_ns)
-        prefill = self._span("tokenq.prefill", root, ids, now_ns)
+        prefill = self._span("tokenq.prefill", root, _ids(held.request_id), now_ns)
         self.traces[held.request_id] = RequestTrace(held.request_id, root, prefill)
-        self.awaiting_first.add(held.request_id)
+        if self.schedule is None:  # no word of its prefill's end: look from now on
+            self.awaiting_first.add(held.request_id)
+
+    def _claimed_and_admitted(
+        self, claimed: Claimed, held: Held, started_ns: int
+    ) -> tuple[Span, Span]:
+        """Its queue wait, its root span with its claim, and its admission (open)."""
+        claim_ns = self.claims.pop(claimed.request_id, (started_ns, started_ns))
+        attributes = self._attributes(claimed, held)
+        self._queue_wait(claimed, held, attributes)
+        root = self._span("tokenq.process", held.request.traceparent, attributes, claim_ns[0])
+        root.set_attribute("gen_ai.usage.input_tokens", held.num_prompt_tokens)
+        ids = _ids(held.request_id)
+        self._span("tokenq.claim", root, ids, claim_ns[0]).end(claim_ns[1])
+        return root, self._span("tokenq.admission", root, ids, started_ns)
 
     def stepped(self, outputs: list[RequestOutput]) -> None:
         """After each engine step: the schedule's events, and first tokens."""
@@ -112,7 +122,7 @@ class WorkerTraces:
         now_ns = time.time_ns()
         self.awaiting_first.discard(request_id)
         trace.phase.end(now_ns)
-        trace.publish = self._span("tokenq.publish", trace.root, _ids(trace), now_ns)
+        trace.publish = self._span("tokenq.publish", trace.root, _ids(trace.request_id), now_ns)
 
     def finished(self, request_id: str, final: FinalEvent) -> None:
         """Redis acknowledged its final: its spans end."""
@@ -149,17 +159,20 @@ class WorkerTraces:
     def _first_token(self, request_id: str, now_ns: int) -> None:
         self.awaiting_first.discard(request_id)
         trace = self.traces.get(request_id)
-        if trace is None:
+        if trace is None or trace.decoding:  # a preempted one's prefill again
             return
+        trace.decoding = True
         trace.phase.end(now_ns)
-        trace.phase = self._span("tokenq.decode", trace.root, _ids(trace), now_ns)
+        trace.phase = self._span("tokenq.decode", trace.root, _ids(trace.request_id), now_ns)
         trace.phase.add_event("tokenq.first_token", timestamp=now_ns)
 
     def _schedule_event(self, event: ScheduleEvent) -> None:
         trace = self.traces.get(event.request_id)
         if trace is None:
             return
-        if event.kind is ScheduleKind.CHUNK:
+        if event.kind is ScheduleKind.PREFILLED:
+            self.awaiting_first.add(event.request_id)  # in this step's outputs or the next's
+        elif event.kind is ScheduleKind.CHUNK:
             attributes = {
                 "tokenq.chunk.start": event.start_pos,
                 "tokenq.chunk.num_tokens": event.num_tokens,
@@ -192,5 +205,5 @@ class WorkerTraces:
         return tracing.start_span(self.tracer, name, parent, attributes, start_ns, kind)
 
 
-def _ids(trace: RequestTrace) -> dict[str, Any]:
-    return {"tokenq.request.id": trace.request_id}
+def _ids(request_id: str) -> dict[str, Any]:
+    return {"tokenq.request.id": request_id}

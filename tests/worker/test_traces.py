@@ -4,6 +4,8 @@ the queue wait, claim, admission, prefill, decode and publishing, in one trace."
 from __future__ import annotations
 
 import itertools
+import time
+from types import SimpleNamespace
 
 import fakeredis
 from opentelemetry.sdk.trace import ReadableSpan
@@ -11,11 +13,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from producer.client import Client
+from shared import tracing
+from shared.models import FinalEvent, FinishReason, GenerationRequest
+from shared.ops.claim import Claimed
 from shared.settings import Settings
 from tests.conftest import serve
 from tests.in_memory_spans import by_name, hex_ids, spans
 from tests.worker.fakes import ScriptedEngine, lockstep
+from worker.engine.outputs import RequestOutput
+from worker.engine.schedule_events import ScheduleEvent, ScheduleEvents, ScheduleKind
+from worker.held import Held
 from worker.service import WorkerService
+from worker.traces import WorkerTraces
 
 __all__ = ["spans"]
 MODEL = "m"
@@ -108,3 +117,44 @@ def test_with_tracing_off_the_worker_keeps_no_trace(fake_redis: fakeredis.FakeRe
     handle = client.submit("a b c", model=MODEL, max_tokens=3)
     service.run(burst=True)
     assert handle.result(timeout=1).usage.completion_tokens == 3
+
+
+def _output(request_id: str, index: int) -> RequestOutput:
+    return RequestOutput(request_id, index, [index], f"t{index}", None, None, 3, index + 1)
+
+
+def test_a_preemption_is_an_event_of_the_one_decode_span(spans: InMemorySpanExporter) -> None:
+    """The engine's schedule events as the built-in engine reports them: prefill chunks,
+    the prefill's end, then a preemption and the prefill done again mid-decode."""
+    engine = SimpleNamespace(schedule_events=None)
+    tracer = tracing.tracer()
+    assert tracer is not None
+    traces = WorkerTraces(tracer, engine, "w1")
+    now_ms = time.time_ns() // MS
+    claimed = Claimed("r1", "lease", "", 1, 0, created_ms=now_ms, started_ms=now_ms)
+    held = Held("r1", "lease", GenerationRequest(model=MODEL, prompt="a b c"))
+    traces.claimed([claimed], time.time_ns())
+    traces.admitted(claimed, held, time.time_ns())
+    schedule = engine.schedule_events
+    assert isinstance(schedule, ScheduleEvents)
+
+    def scheduled(*kinds: ScheduleKind) -> None:
+        schedule.events += [ScheduleEvent(k, "r1", time.time_ns(), 0, 3) for k in kinds]
+
+    scheduled(ScheduleKind.CHUNK, ScheduleKind.PREFILLED)
+    traces.stepped([])  # asynchronous steps: the first token comes a step later
+    traces.stepped([_output("r1", 0)])
+    scheduled(ScheduleKind.PREEMPTED, ScheduleKind.CHUNK, ScheduleKind.PREFILLED)
+    traces.stepped([_output("r1", 1)])
+    traces.left_engine("r1")
+    traces.finished("r1", FinalEvent(finish_reason=FinishReason.STOP))
+    decodes = [s for s in spans.get_finished_spans() if s.name == "tokenq.decode"]
+    assert len(decodes) == 1
+    assert [e.name for e in decodes[0].events] == [
+        "tokenq.first_token",
+        "tokenq.preempted",
+        "tokenq.prefill.chunk",
+    ]
+    prefill = by_name(spans)["tokenq.prefill"]
+    assert [e.name for e in prefill.events] == ["tokenq.prefill.chunk"]
+    assert not traces.awaiting_first and not traces.traces

@@ -1,4 +1,5 @@
-"""What the scheduler did that a trace shows: prefill chunks and preemptions.
+"""What the scheduler did that a trace shows: prefill chunks, the end of a prefill
+(the step that yields the first token) and preemptions.
 
 The engine tells its ``ScheduleEvents`` (set only while the worker traces) of each
 request it takes and of each step's schedule; the worker takes the events after each
@@ -18,6 +19,7 @@ from worker.engine.request import SeqStatus, Sequence
 
 class ScheduleKind(Enum):
     CHUNK = "chunk"  # a prefill chunk was scheduled
+    PREFILLED = "prefilled"  # its prompt's last chunk: the step yields its first token
     PREEMPTED = "preempted"  # its cache was freed; it is computed again from its start
 
 
@@ -57,6 +59,7 @@ class ScheduleEvents:
                 self.events.append(chunk)
                 if item.completes_prompt:
                     del self.prefilling[request_id]
+                    self.events.append(ScheduleEvent(ScheduleKind.PREFILLED, request_id, now_ns))
         for request_id, seq in list(self.prefilling.items()):
             if seq.status is SeqStatus.FINISHED:
                 del self.prefilling[request_id]

@@ -27,6 +27,7 @@ def test_each_prefill_chunk_is_an_event_and_decode_steps_add_none() -> None:
         (ScheduleKind.CHUNK, 0, 8),
         (ScheduleKind.CHUNK, 8, 8),
         (ScheduleKind.CHUNK, 16, 4),
+        (ScheduleKind.PREFILLED, 0, 0),  # the step that yields its first token
     ]
     assert events.prefilling == {}  # decode steps look at no row
     assert events.take() == []
