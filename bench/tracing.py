@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]  # each round as it ends
     assert tracing.tracer() is None, "unset OTEL_EXPORTER_OTLP_ENDPOINT: the client stays untraced"
     rows = load(args.workload) * args.repeat
     model = args.sim or DEFAULT_MODEL
