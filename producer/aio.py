@@ -14,6 +14,7 @@ from producer.following import Unrepeated, has_final, parse_events, result_or_ta
 from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from producer.streams.aio import AsyncFollower, AsyncHub, async_source
+from producer.traced import submit_spans
 from shared.connection import UNREACHABLE, connect_async
 from shared.flows import accepted, cancel_flow, drive_async
 from shared.keys import Keys, tag_of
@@ -90,9 +91,11 @@ class AsyncClient:
         if self.api_key is not None:
             reqs = [as_tenant(r, self.api_key) for r in reqs]
         await self._limits.check(reqs)
-        flow = submit_flow(self.keys, self.settings, self.api_key, reqs)
-        enqueued = await drive_async(self._scripts, flow)
-        return [AsyncHandle(self, i) for i in accepted(enqueued, reqs, self.settings)]
+        with submit_spans(reqs) as traced:
+            flow = submit_flow(self.keys, self.settings, self.api_key, traced.requests)
+            enqueued = await drive_async(self._scripts, flow)
+            traced.enqueued(enqueued)
+            return [AsyncHandle(self, i) for i in accepted(enqueued, reqs, self.settings)]
 
     def handle(self, request_id: str) -> AsyncHandle:
         tag_of(request_id)

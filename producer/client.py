@@ -14,6 +14,7 @@ from producer.following import Unrepeated, has_final, parse_events, result_or_ta
 from producer.keyed import as_tenant, find_key, submit_flow
 from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
 from producer.streams.threaded import ThreadHub, sync_source
+from producer.traced import submit_spans
 from shared.connection import UNREACHABLE, close, connect
 from shared.errors import RequestTimeout
 from shared.flows import accepted, cancel_flow, drive
@@ -75,7 +76,9 @@ class Client:
             return self._hub
 
     def submit(self, prompt: str | None = None, **kwargs: Any) -> Handle:
-        """Enqueue one request; see ``producer.requests.build_request`` for arguments."""
+        """Enqueue one request; see ``producer.requests.build_request`` for arguments
+        (``traceparent``: the W3C trace context to trace it under; with the
+        OpenTelemetry SDK active, the current span is its parent by default)."""
         return self.submit_request(build_request(self.settings, prompt, **kwargs))
 
     def submit_request(self, request: GenerationRequest | Mapping[str, Any]) -> Handle:
@@ -97,9 +100,11 @@ class Client:
         for the first request that did not fit; the ones before it stay accepted."""
         reqs = [self._validate(r) for r in requests]
         self._limits.check(reqs)
-        flow = submit_flow(self.keys, self.settings, self.api_key, reqs)
-        enqueued = drive(self._scripts, flow)
-        return [Handle(self, i) for i in accepted(enqueued, reqs, self.settings)]
+        with submit_spans(reqs) as traced:
+            flow = submit_flow(self.keys, self.settings, self.api_key, traced.requests)
+            enqueued = drive(self._scripts, flow)
+            traced.enqueued(enqueued)
+            return [Handle(self, i) for i in accepted(enqueued, reqs, self.settings)]
 
     def _validate(self, request: GenerationRequest | Mapping[str, Any]) -> GenerationRequest:
         req = validate_request(self.settings, request)

@@ -30,6 +30,7 @@ def build_request(
     metadata: Mapping[str, MetadataValue] | None = None,
     lora: str | None = None,
     cache_salt: str | None = None,
+    traceparent: str | None = None,
     **sampling: Any,
 ) -> GenerationRequest:
     """A validated request from ``submit``'s arguments: one of ``prompt`` (a text),
@@ -38,7 +39,8 @@ def build_request(
     chat template, e.g. ``{"enable_thinking": False}``); ``deadline`` is seconds from
     now or an aware datetime; ``lora`` names a LoRA adapter registered for the model;
     ``cache_salt`` keeps its cached prefix apart from requests without the same salt.
-    Raises InvalidRequest saying which field was wrong."""
+    ``traceparent`` is a W3C trace context to trace it under. Raises InvalidRequest
+    saying which field was wrong."""
     fields = {
         "model": model or settings.default_model,
         "lora": lora,
@@ -52,6 +54,7 @@ def build_request(
         "deadline_ms": _deadline_ms(deadline),
         "idempotency_key": idempotency_key,
         "metadata": dict(metadata or {}),
+        "traceparent": traceparent,
     }
     return validate_request(settings, fields)
 

@@ -18,6 +18,7 @@ from pydantic import (
 
 from shared.guided import UnsupportedSchema, check_json_schema
 from shared.priority import Priority, parse_priority
+from shared.tracing import check_traceparent
 
 SCHEMA_VERSION = 1
 MAX_STOP_STRINGS = 16
@@ -307,6 +308,14 @@ class GenerationRequest(_Strict):
         max_length=MAX_CACHE_SALT_CHARS,
         description="only requests with the same salt (and tenant) share cached prefixes",
     )
+    traceparent: str | None = Field(
+        None, max_length=512, description="W3C trace context: the span its spans go under"
+    )
+
+    @field_validator("traceparent")
+    @classmethod
+    def _traceparent(cls, value: str | None) -> str | None:
+        return None if value is None else check_traceparent(value)
 
     @field_validator("priority", mode="before")
     @classmethod

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # A worker serves /metrics, /healthz and /readyz on this port (off when unset).
     worker_metrics_port: int | None = Field(None, ge=0, le=65535)
     model_cache_dir: str | None = None
+    # Tracing (shared.tracing): spans exported over OTLP to this collector (its base
+    # URL); unset, the standard OTEL_EXPORTER_OTLP_ENDPOINT turns tracing on; neither, off.
+    otlp_endpoint: str | None = None
     # Batches (RQ) keep their records and RQ's queues here. RQ does not run on a Redis
     # Cluster, so with a cluster as redis_url this must name a plain Redis; unset, batches
     # share redis_url.

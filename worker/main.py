@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from shared import tracing
 from shared.chat import REGISTRY_FIELD as CHAT_FIELD
 from shared.connection import UNREACHABLE, connect, wait_for_redis
 from shared.gc_policy import freeze_startup_objects
@@ -109,6 +110,7 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty), with
     the engine ``config`` that ``engine_config(opts)`` built."""
     started = time.monotonic()
+    tracing.set_service_name("tokenq-worker")
     model_name = opts.served_model_name or opts.model
     connection = connect(settings.redis_url, settings.redis_cluster, health_check_interval=30)
     wait_for_redis(connection, settings.redis_url, log)

@@ -33,6 +33,7 @@ from worker.prefix_cuts import PrefixCuts
 from worker.publisher import Action, Planned, finish_of, plan_step, settle
 from worker.queue import ModelQueue
 from worker.tokenizing import TOKENIZER_TASKS, tokenizer_answer
+from worker.traces import worker_traces
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class WorkerService:
         self._rate = (0, time.monotonic())  # tokens and when, at the last figures
         self.handoffs = Handoffs()  # dropped while the engine ran them; claimed again
         self.prefix_cuts = PrefixCuts(engine) if settings.prefix_affinity else None
+        self.traces = worker_traces(engine, worker_id)  # None: tracing is off
 
     def run(self, burst: bool = False) -> None:
         """Serve until stopped; ``burst`` returns once the queue and the engine are empty.
@@ -167,6 +169,8 @@ class WorkerService:
         with self.held_lock:
             self.held.clear()
             self.claimed.clear()
+        if self.traces is not None:
+            self.traces.ended_all("handed back")
         return released
 
     def step(self) -> None:
@@ -215,6 +219,8 @@ class WorkerService:
         started = clock()
         outputs = self.engine.step()
         self.coalescer.add(outputs, step_s=clock() - started)
+        if self.traces is not None:
+            self.traces.stepped(outputs)
         for out in outputs:
             if out.finish_reason is not None:
                 self._engine_let_go(out)
@@ -226,6 +232,8 @@ class WorkerService:
             held.num_prefix_queried_tokens = out.num_prefix_queried_tokens
             held.num_prefix_hit_tokens = out.num_prefix_hit_tokens
         self.handoffs.let_go(out.request_id)
+        if self.traces is not None:
+            self.traces.left_engine(out.request_id)
 
     def flush(self, force: bool = False) -> None:
         """Write what is held, if it is due (or ``force``): every token and final event
@@ -293,6 +301,8 @@ class WorkerService:
             self.metrics.on_tenant_prefix_cache(
                 held.request.tenant, held.num_prefix_queried_tokens, held.num_prefix_hit_tokens
             )
+            if self.traces is not None:
+                self.traces.finished(held.request_id, final)
             if planned.output.error is not None and not held.done_in_engine:
                 self._abort(held.request_id, FinishReason.ERROR)  # it failed on the way out
             with self.held_lock:
@@ -312,6 +322,8 @@ class WorkerService:
             self.engine.abort_request(request_id, reason)
 
     def _drop(self, request_id: str) -> None:
+        if self.traces is not None:
+            self.traces.ended(request_id, "lease lost")
         held = self.held.get(request_id)
         if held is not None:
             self.handoffs.dropped(held)
@@ -348,7 +360,7 @@ class WorkerService:
         if self.overlap_redis and self.engine.has_unfinished_requests():
             self.claiming = self.claimer.submit(self._claim_in_flight, *args)
             return len(claimed)
-        now = self.queue.claim(*args)
+        now = self._claim(*args)
         self._admit_all(now)
         return len(claimed) + len(now)
 
@@ -368,9 +380,16 @@ class WorkerService:
         the moment it returns, though the loop admits it only after the step under way:
         on a loaded host a step can outlast a lease, and a lease lapsed there would take
         a request from a live worker (and an attempt with it) for nothing."""
-        claimed = self.queue.claim(room, free, max_lora_rank, guided)
+        claimed = self._claim(room, free, max_lora_rank, guided)
         with self.held_lock:
             self.claimed.update({c.request_id: c.lease_token for c in claimed})
+        return claimed
+
+    def _claim(self, room: int, free: int, max_lora_rank: int, guided: bool) -> list[Claimed]:
+        started_ns = time.time_ns()
+        claimed = self.queue.claim(room, free, max_lora_rank, guided)
+        if self.traces is not None:
+            self.traces.claimed(claimed, started_ns)
         return claimed
 
     def _admit_all(self, claimed: list[Claimed]) -> None:
@@ -391,6 +410,7 @@ class WorkerService:
         for the next step (the engine would take the two runs for one)."""
         if self.handoffs.defer(claimed):
             return
+        started_ns = time.time_ns()
         try:
             request = GenerationRequest.model_validate_json(claimed.payload)
         except ValidationError as e:
@@ -409,8 +429,13 @@ class WorkerService:
         except (*REDIS_ERRORS, EngineGone):
             raise  # not the request's fault: its lease lapses and it runs again
         except Exception as e:  # refused, or the worker's failure: this request's alone
-            self._end_now(held, FinishReason.ERROR, admission_error(held.request_id, e))
+            error = admission_error(held.request_id, e)
+            if self.traces is not None:
+                self.traces.admitted(claimed, held, started_ns, error)
+            self._end_now(held, FinishReason.ERROR, error)
             return
+        if self.traces is not None:
+            self.traces.admitted(claimed, held, started_ns)
         with self.held_lock:
             self.held[held.request_id] = held
 

@@ -28,6 +28,7 @@ from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.reaper import reap_forever
 from producer.gateway.responses_routes import router as responses_router
 from producer.gateway.tokenize_routes import router as tokenize_router
+from shared import tracing
 from shared.connection import cluster_url, connect_async, wait_for_redis_async
 from shared.keys import Keys
 from shared.sentinel import AsyncBlockingSentinelPool, is_sentinel_url
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None, config: GatewayConfig | None = 
     """The gateway for ``settings`` (default: the environment); API keys from ``config``,
     else from ``TOKENQ_API_KEYS``."""
     settings = settings or get_settings()
+    tracing.set_service_name("tokenq-gateway")
     config = config or GatewayConfig(
         api_keys=load_api_keys(settings), max_body_bytes=settings.gateway_max_body_bytes
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -16,8 +16,10 @@ from producer.gateway.errors import ApiError
 from producer.gateway.hub import StreamHub, parse_cursor, parse_gateway_entry
 from producer.gateway.metrics import GatewayMetrics
 from producer.gateway.registry import ModelRegistry
+from producer.gateway.tracing import StreamTraces, with_incoming
 from producer.requests import validate_request
 from producer.streams.entries import Entry, UnrepeatedEntries
+from producer.traced import submit_spans
 from shared.errors import NotFound
 from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys
@@ -56,6 +58,7 @@ class Backend:
         self.metrics = metrics
         self.registry = ModelRegistry(connection, self.keys, config.models_cache_s)
         self._scripts = AsyncScripts(connection, Replicas.of(settings))
+        self.traces = StreamTraces(connection, self.keys)
 
     async def submit(
         self, request: GenerationRequest, api: str, caller: Principal | None = None
@@ -65,9 +68,13 @@ class Backend:
         when the caller's key is over a limit. The caller's key sets its weight."""
         if caller is not None:
             request = weighted(request, caller.weight)
-        request = validate_request(self.settings, request)
-        enqueued, rate_headers = await self._enqueue(request, caller)
-        accepted([enqueued], [request], self.settings)
+        request = with_incoming(validate_request(self.settings, request))
+        with submit_spans([request]) as traced:
+            request = traced.requests[0]
+            enqueued, rate_headers = await self._enqueue(request, caller)
+            traced.enqueued([enqueued])
+            accepted([enqueued], [request], self.settings)
+        self.traces.submitted(enqueued.request_id, request)
         if not enqueued.duplicate:
             self.metrics.accepted(request.model, request.priority, api)
         return Submitted(enqueued.request_id, enqueued.duplicate, request, rate_headers)
@@ -121,10 +128,13 @@ class Backend:
         flow = cancel_flow(self.keys, self.settings, request_id)
         return await drive_async(self._scripts, flow)
 
-    async def events(self, request_id: str, after: str = "0-0") -> AsyncIterator[list[Entry]]:
+    def events(self, request_id: str, after: str = "0-0") -> AsyncGenerator[list[Entry]]:
         """The request's stream after ``after`` in batches, through its final event. An
         empty batch marks a quiet spell (send a keep-alive); NotFound if the request
-        vanishes meanwhile."""
+        vanishes meanwhile. Traced as a stream span when tracing is on."""
+        return self.traces.stream(request_id, self._events(request_id, after))
+
+    async def _events(self, request_id: str, after: str) -> AsyncGenerator[list[Entry]]:
         unrepeated = UnrepeatedEntries()  # what a failover makes a worker write again
         if after != "0-0":
             after, final = await self._resume_point(request_id, after)

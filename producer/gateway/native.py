@@ -22,6 +22,7 @@ from producer.gateway.errors import (
 )
 from producer.gateway.hub import parse_cursor
 from producer.gateway.sse import KEEPALIVE, SSEResponse, frame
+from producer.gateway.tracing import TRACEPARENT
 from producer.openai.requests import deadline_ms
 from producer.openai.schemas import CACHE_SALT_DOC, PRIORITY_DOC
 from producer.refusals import SAMPLING_FIELDS, refusal_of
@@ -102,6 +103,7 @@ class CancelReply(BaseModel):
     "",
     status_code=202,
     response_model=SubmitReply,
+    dependencies=[TRACEPARENT],
     responses={
         200: {"model": SubmitReply, "description": "an idempotent repeat"},
         **error_responses(400, 401, 403, 404, 429, 503),
@@ -165,6 +167,7 @@ async def cancel(request_id: RequestId, caller: Caller, backend: BackendDep) -> 
 @router.get(
     "/{request_id}/events",
     response_model=None,
+    dependencies=[TRACEPARENT],
     responses={
         200: {
             "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},

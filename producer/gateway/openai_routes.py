@@ -16,6 +16,7 @@ from producer.gateway.auth import Caller, Principal, priority_for
 from producer.gateway.backend import Backend, BackendDep, Submitted, model_not_found
 from producer.gateway.errors import error_responses, map_tokenq_error
 from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
+from producer.gateway.tracing import TRACEPARENT
 from producer.openai.output import (
     Renderer,
     chat_completion,
@@ -58,6 +59,7 @@ Whole = Callable[[list[FinalEvent]], BaseModel]
 @router.post(
     "/chat/completions",
     response_model=ChatCompletion,
+    dependencies=[TRACEPARENT],
     responses={**_streamed("ChatCompletionChunk"), **ERRORS},
 )
 async def chat_completions(
@@ -86,7 +88,10 @@ async def chat_features(backend: Backend, model: str) -> ChatFeatures | None:
 
 
 @router.post(
-    "/completions", response_model=Completion, responses={**_streamed("Completion"), **ERRORS}
+    "/completions",
+    response_model=Completion,
+    responses={**_streamed("Completion"), **ERRORS},
+    dependencies=[TRACEPARENT],
 )
 async def completions(
     body: CompletionRequest, request: Request, caller: Caller, backend: BackendDep

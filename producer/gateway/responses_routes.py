@@ -27,6 +27,7 @@ from producer.gateway.openai_routes import (
 )
 from producer.gateway.responses_stream import API, collected, event_stream
 from producer.gateway.sse import unless_disconnected
+from producer.gateway.tracing import TRACEPARENT
 from producer.refusals import refusal_of
 from producer.responses import store
 from producer.responses.events import build
@@ -66,7 +67,12 @@ def _json(body: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
 
-@router.post("", response_model=ResponseObject, responses={**STREAMED, **ERRORS})
+@router.post(
+    "",
+    response_model=ResponseObject,
+    responses={**STREAMED, **ERRORS},
+    dependencies=[TRACEPARENT],
+)
 async def create_response(
     body: ResponsesBody, request: Request, caller: Caller, backend: BackendDep
 ) -> Response:

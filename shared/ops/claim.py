@@ -127,6 +127,9 @@ class Claimed:
     attempts: int
     num_generated: int
     by_affinity: bool = False  # claimed for a prefix this worker holds warm
+    # When it was queued and when it started here (Redis's clock): its queue wait.
+    created_ms: int | None = None
+    started_ms: int | None = None
 
 
 class StartOutcome(StrEnum):
@@ -174,5 +177,7 @@ class Start:
 def _started(leased: Leased, reply: Sequence[Any]) -> Claimed | Moved:
     rid, token = leased.request_id, leased.lease_token
     if text(reply[0]) == StartOutcome.STARTED:
-        return Claimed(rid, token, text(reply[1]), int(reply[2]), int(reply[3]), leased.by_affinity)
+        created, started = (int(reply[4]), int(reply[5])) if len(reply) > 5 else (None, None)
+        return Claimed(rid, token, text(reply[1]), int(reply[2]), int(reply[3]),
+                       leased.by_affinity, created, started)  # fmt: skip
     return Moved(rid, token, Fate(text(reply[0])), text(reply[1]))

@@ -27,6 +27,7 @@ from worker.engine.prompt_logprobs import PromptScores, add_step_scores, check_p
 from worker.engine.prompt_tokens import TokenizerPrompts
 from worker.engine.request import EngineRequest, SeqStatus, Sequence
 from worker.engine.runner_support import device_broken
+from worker.engine.schedule_events import ScheduleEvents
 from worker.engine.scheduler import Scheduler
 from worker.engine.self_check import self_check
 from worker.engine.state_slots import CacheSizes, split_budget
@@ -83,6 +84,7 @@ class Engine(TokenizerPrompts):
         self.compiling = CompilingRequests(self.grammars, config.grammar_compile_timeout_s)
         self.pooler = Pooler(config.pooling)
         self._in_flight: InFlight | None = None
+        self.schedule_events: ScheduleEvents | None = None  # set while the worker traces
         self.num_steps = 0  # steps the runner ran (launched, when asynchronous)
         self.num_host_waits = 0  # times the host waited for a step's tokens
 
@@ -140,6 +142,8 @@ class Engine(TokenizerPrompts):
         if req.deadline_unix_s is not None:
             self._deadlines[req.request_id] = seq
         self.scheduler.add(seq)
+        if self.schedule_events is not None:
+            self.schedule_events.added(seq)
         # One that asks for prompt logprobs runs its prefill for them whatever it generates.
         if (
             seq.num_output_tokens >= req.sampling.max_tokens
@@ -221,6 +225,8 @@ class Engine(TokenizerPrompts):
         sched_out = self.scheduler.schedule()
         for seq in sched_out.preempted:
             self.pooler.discard(seq.request_id)  # computed again from its first token
+        if self.schedule_events is not None:
+            self.schedule_events.scheduled(sched_out)
         return sched_out
 
     def _read(self, done: InFlight) -> list[RequestOutput]:
