@@ -38,7 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import IO
 
@@ -52,6 +52,20 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 READY = b"ready\n"  # the keeper's one line on its stdout
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What the keeper is told when it starts (its first line on stdin)."""
+
+    redis_url: str
+    redis_cluster: bool
+    namespace: str
+    lease_ms: int
+    stall_limit_ms: int
+    tag: str  # the model's
+    worker_id: str
+    pid: int  # the worker's process
 
 
 class Verdict(StrEnum):
@@ -108,20 +122,21 @@ class LeaseKeeper:
 
     @classmethod
     def start(cls, settings: Settings, tag: str, worker_id: str) -> LeaseKeeper:
-        config = {
-            "redis_url": settings.redis_url,  # on stdin, not argv: it may hold a password
-            "redis_cluster": settings.redis_cluster,
-            "namespace": settings.namespace,
-            "lease_ms": settings.lease_ms,
-            "stall_limit_ms": settings.worker_stall_limit_ms,
-            "tag": tag,
-            "worker_id": worker_id,
-            "pid": os.getpid(),
-        }
+        orders = Orders(
+            settings.redis_url,
+            settings.redis_cluster,
+            settings.namespace,
+            settings.lease_ms,
+            settings.worker_stall_limit_ms,
+            tag,
+            worker_id,
+            os.getpid(),
+        )
         cmd = [sys.executable, "-m", "worker.lease_keeper"]
         process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert process.stdin is not None
-        process.stdin.write(json.dumps(config).encode() + b"\n")
+        # On stdin, not in argv: the URL may hold a password.
+        process.stdin.write(json.dumps(asdict(orders)).encode() + b"\n")
         process.stdin.flush()
         return cls(process)
 
@@ -154,15 +169,13 @@ class LeaseKeeper:
 class Keeper:
     """The child's side: read the heartbeat's lines, renew when they are late."""
 
-    def __init__(self, config: dict[str, object], scripts: Scripts) -> None:
-        lease_ms = int(str(config["lease_ms"]))
-        self.lease_ms = lease_ms
-        self.pid = int(str(config["pid"]))
-        self.call = RenewOwned(str(config["tag"]), str(config["worker_id"])).call(
-            Keys(str(config["namespace"])), lease_ms
-        )
-        stall_limit_s = int(str(config["stall_limit_ms"])) / 1000
-        self.watch = Watch(lease_ms / 1000, stall_limit_s, beat_s=time.monotonic())
+    def __init__(self, orders: Orders, scripts: Scripts) -> None:
+        self.lease_ms = orders.lease_ms
+        self.pid = orders.pid
+        renew = RenewOwned(orders.tag, orders.worker_id)
+        self.call = renew.call(Keys(orders.namespace), orders.lease_ms)
+        stall_limit_s = orders.stall_limit_ms / 1000
+        self.watch = Watch(orders.lease_ms / 1000, stall_limit_s, beat_s=time.monotonic())
         self.scripts = scripts
         self.ticks = cpu_ticks(self.pid)
         self.buffer = b""
@@ -228,12 +241,11 @@ def main() -> None:
         if not chunk:
             return
         line += chunk
-    config = json.loads(line)
-    connection = connect(str(config["redis_url"]), bool(config["redis_cluster"]))
-    scripts = Scripts(connection)
+    orders = Orders(**json.loads(line))
+    scripts = Scripts(connect(orders.redis_url, orders.redis_cluster))
     with contextlib.suppress(*UNREACHABLE, redis.RedisError):
         scripts.reload()  # now, not in the middle of a stall (it retries on failure then)
-    keeper = Keeper(config, scripts)
+    keeper = Keeper(orders, scripts)
     os.write(sys.stdout.fileno(), READY)
     keeper.run(fd)
 

@@ -13,12 +13,13 @@ import fakeredis
 import pytest
 
 from producer.client import Client
+from producer.embedded import EmbeddedRedis
 from shared.keys import Keys, model_tag
 from shared.settings import Settings
 from tests.conftest import serve
 from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.heartbeat import Heartbeat
-from worker.lease_keeper import Verdict, Watch, cpu_ticks
+from worker.lease_keeper import LeaseKeeper, Verdict, Watch, cpu_ticks
 from worker.service import WorkerService
 
 MODEL = "m"
@@ -80,3 +81,14 @@ def test_the_heartbeat_renews_nothing_once_the_loop_is_stalled(
     service.iterate()  # it turns again
     heartbeat.beat()
     assert (fake_redis.zscore(LEASES, h.id) or 0) > 1
+
+
+def test_the_keeper_comes_up_and_ends_with_its_worker(redis_server: EmbeddedRedis) -> None:
+    keeper = LeaseKeeper.start(Settings(redis_url=redis_server.url), model_tag(MODEL), "w1")
+    assert keeper.wait_ready(60)
+    keeper.beaten(0.1)
+    keeper.process.send_signal(signal.SIGINT)  # a Ctrl-C is the worker's to act on
+    time.sleep(0.2)
+    assert keeper.process.poll() is None
+    keeper.stop()  # its stdin ends, as at the worker's exit or death
+    assert keeper.process.returncode == 0
