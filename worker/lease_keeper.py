@@ -82,12 +82,14 @@ class Watch:
 
     lease_s: float
     stall_limit_s: float
-    beat_s: float  # when the last line came (the heartbeat's last beat)
+    # When the last line came (the heartbeat's last beat); None before the first: the
+    # worker is loading its model, and holds no lease until its heartbeat starts.
+    beat_s: float | None = None
     turn_age_s: float = 0.0  # how long before that the loop had turned
     kept_s: float = -float("inf")  # when the keeper last renewed
 
     def verdict(self, now_s: float, computing: bool) -> Verdict:
-        if now_s - self.beat_s < self.lease_s / 2:
+        if self.beat_s is None or now_s - self.beat_s < self.lease_s / 2:
             return Verdict.ON_TIME
         if now_s - self.kept_s < self.lease_s / 3:
             return Verdict.KEPT
@@ -175,7 +177,7 @@ class Keeper:
         renew = RenewOwned(orders.tag, orders.worker_id)
         self.call = renew.call(Keys(orders.namespace), orders.lease_ms)
         stall_limit_s = orders.stall_limit_ms / 1000
-        self.watch = Watch(orders.lease_ms / 1000, stall_limit_s, beat_s=time.monotonic())
+        self.watch = Watch(orders.lease_ms / 1000, stall_limit_s)
         self.scripts = scripts
         self.ticks = cpu_ticks(self.pid)
         self.buffer = b""

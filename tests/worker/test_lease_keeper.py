@@ -26,14 +26,19 @@ MODEL = "m"
 LEASES = Keys().leases(model_tag(MODEL))
 
 
-def watch(**fields: float) -> Watch:
-    return Watch(**{"lease_s": 3.0, "stall_limit_s": 30.0, "beat_s": 100.0, **fields})
+def watch(
+    beat_s: float | None = 100.0, turn_age_s: float = 0.0, kept_s: float = -float("inf")
+) -> Watch:
+    return Watch(
+        lease_s=3.0, stall_limit_s=30.0, beat_s=beat_s, turn_age_s=turn_age_s, kept_s=kept_s
+    )
 
 
 @pytest.mark.parametrize(
     ("w", "now_s", "computing", "verdict"),
     [
         (watch(), 101.0, True, Verdict.ON_TIME),  # the heartbeat beat a third of a lease ago
+        (watch(beat_s=None), 1e6, True, Verdict.ON_TIME),  # no beat yet: it still loads
         (watch(), 102.0, True, Verdict.RENEW),  # two thirds: late, and the worker computes
         (watch(), 102.0, False, Verdict.NOT_RUNNING),  # stopped, blocked, or gone
         (watch(kept_s=101.5), 102.0, True, Verdict.KEPT),  # renewed half a second ago
