@@ -189,6 +189,8 @@ class Keeper:
             readable, _, _ = select.select([fd], [], [], tick_s)
             if readable and not self.read(fd):
                 return  # the worker closed its end, or died
+            if os.getppid() != self.pid:
+                return  # the worker died, and a process it forked still holds the pipe
             self.tick(time.monotonic())
 
     def read(self, fd: int) -> bool:
