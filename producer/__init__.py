@@ -2,7 +2,14 @@
 
 from producer.aio import AsyncClient, AsyncHandle
 from producer.client import Client, Handle
-from shared.errors import InvalidRequest, NotFound, QueueFull, RateLimited, RequestTimeout
+from shared.errors import (
+    IdempotencyKeyReused,
+    InvalidRequest,
+    NotFound,
+    QueueFull,
+    RateLimited,
+    RequestTimeout,
+)
 from shared.priority import Priority
 
 __all__ = [
@@ -10,6 +17,7 @@ __all__ = [
     "AsyncHandle",
     "Client",
     "Handle",
+    "IdempotencyKeyReused",
     "InvalidRequest",
     "NotFound",
     "Priority",

@@ -82,6 +82,19 @@ class MissingCapability(InvalidRequest):
         self.capability = capability
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """An idempotency key sent again with another body than the request it names."""
+
+    def __init__(self, key: str, request_id: str) -> None:
+        super().__init__(
+            f"idempotency_key {key!r} was already used for request {request_id} with a "
+            "different body: send that same body again to get that request, or use a new "
+            "key for a new request"
+        )
+        self.key = key
+        self.request_id = request_id
+
+
 class NotFound(TokenqError, KeyError):
     """No such request (never existed, or expired)."""
 

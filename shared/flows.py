@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shared.errors import (
+    IdempotencyKeyReused,
     MissingCapability,
     ModelUnavailable,
     NotFound,
@@ -36,7 +37,7 @@ from shared.ops.admin import reset_call, retry_call
 from shared.ops.claim import Claim, Claimed, Start
 from shared.ops.moves import End, EndOutcome, EndScript, Fate, Fence, FenceMode, Moved, Settle
 from shared.ops.publish import Finish
-from shared.ops.submit import Admit, AdmitOutcome, Enqueue, EnqueueOutcome, Withdraw
+from shared.ops.submit import Admit, AdmitOutcome, Enqueue, EnqueueOutcome, Queued, Withdraw
 from shared.replication import Confirm, first_keys
 from shared.replies import text
 from shared.scripts import AsyncScripts, ScriptCall, Scripts
@@ -112,7 +113,9 @@ async def drive_async(scripts: AsyncScripts, flow: Flow[T]) -> T:
 class Enqueued:
     request_id: str
     duplicate: bool
-    refused: EnqueueOutcome | None = None  # not queued (and withdrawn)
+    # Not queued (and withdrawn); or KEY_REUSED: its idempotency key names ``request_id``,
+    # a request with another body, and nothing was done.
+    refused: EnqueueOutcome | AdmitOutcome | None = None
     reason: str = ""  # with UNLOADABLE: why the model's last worker could not load it
 
 
@@ -121,11 +124,13 @@ def enqueue_flow(
 ) -> Flow[list[Enqueued]]:
     """Admit each request on its own slot, then queue it on its model's; a refused one is
     withdrawn. A duplicate idempotency key answers the original id, and queues it should
-    an earlier submit have died between the two steps (enqueue.lua is idempotent)."""
+    an earlier submit have died between the two steps (enqueue.lua is idempotent); one
+    sent with another body than the original's is refused (KEY_REUSED)."""
     digests = [_digest(r) for r in reqs]
     keyed = [n for n, d in enumerate(digests) if d]
     # Keys written before request tags were bounded (shared/keys.py) sit on another slot:
-    # looked up first, so a retry across that upgrade still finds its request.
+    # looked up first, so a retry across that upgrade still finds its request. Their
+    # bodies were not kept: any body matches.
     found = yield [("GET", keys.legacy_idempotency(digests[n] or "")) for n in keyed]
     legacy = {n: text(v) for n, v in zip(keyed, found, strict=True) if v}
     new = [n for n in range(len(reqs)) if n not in legacy]
@@ -133,11 +138,14 @@ def enqueue_flow(
     replies = yield [a.call(keys, settings) for a in admits]
     admitted = {n: Admit.parse(r) for n, r in zip(new, replies, strict=True)}
     ids = [legacy[n] if n in legacy else admitted[n].request_id for n in range(len(reqs))]
-    fresh = [n in admitted and admitted[n].outcome is AdmitOutcome.OK for n in range(len(reqs))]
-    dup_ids = [i for i, f in zip(ids, fresh, strict=True) if not f]
-    states = iter((yield [("HGET", keys.request(i), "state") for i in dup_ids]))
-    todo = [f or text(next(states) or b"") == "queued" for f in fresh]
-    picked = [n for n, t in enumerate(todo) if t]
+    outcomes = [
+        admitted[n].outcome if n in admitted else AdmitOutcome.DUPLICATE for n in range(len(reqs))
+    ]
+    fresh = [o is AdmitOutcome.OK for o in outcomes]
+    dups = [n for n, o in enumerate(outcomes) if o is AdmitOutcome.DUPLICATE]
+    states = yield [("HGET", keys.request(ids[n]), "state") for n in dups]
+    requeue = {n for n, state in zip(dups, states, strict=True) if text(state or b"") == "queued"}
+    picked = [n for n in range(len(reqs)) if fresh[n] or n in requeue]
     calls = [Enqueue(ids[n], reqs[n]).call(keys, settings) for n in picked]
     try:
         replies = yield Replicated(calls, f"the submit of {len(reqs)} request(s)")
@@ -148,11 +156,17 @@ def enqueue_flow(
     refused = [n for n in picked if queued[n].outcome is not EnqueueOutcome.OK]
     yield [Withdraw(ids[n], digests[n]).call(keys) for n in refused if fresh[n]]
     return [
-        Enqueued(i, not f, queued[n].outcome, queued[n].reason)
-        if n in refused
-        else Enqueued(i, not f)
-        for n, (i, f) in enumerate(zip(ids, fresh, strict=True))
+        _enqueued(i, o, queued.get(n)) for n, (i, o) in enumerate(zip(ids, outcomes, strict=True))
     ]
+
+
+def _enqueued(request_id: str, admitted: AdmitOutcome, queued: Queued | None) -> Enqueued:
+    duplicate = admitted is not AdmitOutcome.OK
+    if admitted is AdmitOutcome.KEY_REUSED:
+        return Enqueued(request_id, duplicate, admitted)
+    if queued is not None and queued.outcome is not EnqueueOutcome.OK:
+        return Enqueued(request_id, duplicate, queued.outcome, queued.reason)
+    return Enqueued(request_id, duplicate)
 
 
 def _withdraw(admitted: list[tuple[str, str | None]], keys: Keys) -> Flow[None]:
@@ -170,8 +184,8 @@ def _withdraw(admitted: list[tuple[str, str | None]], keys: Keys) -> Flow[None]:
 def accepted(
     enqueued: list[Enqueued], reqs: list[GenerationRequest], settings: Settings
 ) -> list[str]:
-    """The ids, or QueueFull / UnknownModel / UnknownAdapter for the first refused
-    request (those before it stay accepted)."""
+    """The ids, or QueueFull / UnknownModel / UnknownAdapter / IdempotencyKeyReused for
+    the first refused request (those before it stay accepted)."""
     for e, req in zip(enqueued, reqs, strict=True):
         if e.refused is not None:
             raise refusal(e, req, settings)
@@ -179,7 +193,9 @@ def accepted(
 
 
 def refusal(e: Enqueued, req: GenerationRequest, settings: Settings) -> TokenqError:
-    """The error that says why enqueue.lua refused ``req``."""
+    """The error that says why admit.lua or enqueue.lua refused ``req``."""
+    if e.refused is AdmitOutcome.KEY_REUSED:
+        return IdempotencyKeyReused(req.idempotency_key or "", e.request_id)
     if e.refused is EnqueueOutcome.FULL:
         return QueueFull(req.model, settings.max_queued)
     if e.refused is EnqueueOutcome.UNKNOWN_LORA:

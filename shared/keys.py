@@ -231,6 +231,11 @@ class Keys:
         on the slot of that request, whose id carries ``idempotency_tag(digest)``."""
         return self._q(idempotency_tag(digest), f"idem:{digest}")
 
+    def idempotency_body(self, digest: str) -> str:
+        """The body digest (``shared.idempotency``) of the request that key names, on
+        the key's slot: a key reused with another body is refused (admit.lua)."""
+        return self._q(idempotency_tag(digest), f"idem-body:{digest}")
+
     def legacy_idempotency(self, digest: str) -> str:
         """Where producers before the bounded request slots kept the same key."""
         return self._q(legacy_idempotency_tag(digest), f"idem:{digest}")

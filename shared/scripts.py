@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "cancel",
     "expire",
     "renew",
+    "renew_owned",
     "warm",
     "reset",
     "retry",

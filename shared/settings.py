@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     lease_ms: int = Field(10_000, ge=100)
     max_attempts: int = Field(3, ge=1)
     worker_heartbeat_ms: int = Field(2_000, ge=50)
+    # A worker whose loop makes no turn for this long (a step stuck, the loop hung)
+    # stops renewing its leases, so other workers take its requests; meanwhile a
+    # child process keeps the leases of a loop that holds the GIL (worker/lease_keeper.py).
+    # 0: no keeper, and no bound (the heartbeat thread renews while it runs).
+    worker_stall_limit_ms: int = Field(120_000, ge=0)
     # A claim prefers queued requests whose prefix this worker holds in its cache
     # (claim.lua, bounded so priority and waiting time still rule); false: queue order.
     prefix_affinity: bool = True

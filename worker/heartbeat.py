@@ -15,6 +15,7 @@ import redis
 from shared.connection import UNREACHABLE
 from shared.errors import ReplicationTimeout
 from shared.ops.renew import RenewCode
+from worker.lease_keeper import LeaseKeeper
 from worker.queue import ModelQueue
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class Holder(Protocol):
     stopping: threading.Event
     lost: queue.SimpleQueue[str]  # leases found lost, for the loop to drop
     cancelled: queue.SimpleQueue[str]  # cancels found asked for, for the loop to act on
+    last_turn_s: float  # when (monotonic) the loop last turned
 
     def held_leases(self) -> dict[str, str]: ...
     def ending(self, request_id: str) -> bool: ...
@@ -34,14 +36,27 @@ class Holder(Protocol):
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, queue: ModelQueue, holder: Holder, info: dict[str, Any]) -> None:
+    """Renews on its own thread. A loop that holds the GIL starves it: ``keeper`` (a
+    child process, worker/lease_keeper.py) renews then, told of each beat that got
+    through. Both stop once the loop has not turned for TOKENQ_WORKER_STALL_LIMIT_MS."""
+
+    def __init__(
+        self,
+        queue: ModelQueue,
+        holder: Holder,
+        info: dict[str, Any],
+        keeper: LeaseKeeper | None = None,
+    ) -> None:
         super().__init__(name="tokenq-heartbeat", daemon=True)
         self.queue = queue
         self.holder = holder
         self.info = info
+        self.keeper = keeper
         self.done = threading.Event()
         settings = queue.settings
         self.interval_s = min(settings.lease_ms / 3, settings.worker_heartbeat_ms) / 1000
+        self.stall_limit_s = settings.worker_stall_limit_ms / 1000  # 0: no bound
+        self.stalled = False
         self.last_ok_s = 0.0  # monotonic time of the last beat Redis acknowledged
         self.failed_s = -float("inf")  # ... and of the last that failed
 
@@ -71,9 +86,12 @@ class Heartbeat(threading.Thread):
         self.queue.deregister()
 
     def beat(self) -> None:
-        held = self.holder.held_leases()
+        turn_age_s = time.monotonic() - self.holder.last_turn_s
+        held = {} if self._stalled(turn_age_s) else self.holder.held_leases()
         fields = {**self.info, **self.holder.figures()}
         beat = self.queue.beat(held, fields, self.holder.warm_fingerprints())
+        if self.keeper is not None:
+            self.keeper.beaten(turn_age_s)
         now_s = time.monotonic()
         if self.last_ok_s and now_s - self.last_ok_s > 3 * self.interval_s + 1:
             self.failed_s = now_s  # Redis was away (its client retried through a failover)
@@ -87,6 +105,16 @@ class Heartbeat(threading.Thread):
             elif request_id in beat.cancelled:
                 self.holder.cancelled.put(request_id)
         self._obey(beat.order)
+
+    def _stalled(self, turn_age_s: float) -> bool:
+        """Whether the loop has not turned within the stall limit: a worker stuck for
+        good lets its leases lapse, so that other workers take its requests."""
+        stalled = bool(self.stall_limit_s) and turn_age_s > self.stall_limit_s
+        if stalled != self.stalled:
+            say = log.error if stalled else log.warning
+            say("the loop %s; leases renewed: %s", *STALL_NEWS[stalled])
+        self.stalled = stalled
+        return stalled
 
     def _obey(self, order: str | None) -> None:
         """Operators drain a worker (dashboard, CLI) by writing 'drain' to its control key."""
@@ -107,6 +135,12 @@ class Heartbeat(threading.Thread):
                 reaped.dead,
                 reaped.ended,
             )
+
+
+STALL_NEWS = {
+    True: ("made no turn within TOKENQ_WORKER_STALL_LIMIT_MS", "none (they lapse)"),
+    False: ("turns again", "those still held"),
+}
 
 
 class LoadingBeat(threading.Thread):

@@ -26,6 +26,7 @@ from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
 from worker.engine_process import EngineProcess
 from worker.heartbeat import Heartbeat, LoadingBeat
+from worker.lease_keeper import LeaseKeeper
 from worker.metrics import WorkerMetrics, serve_http
 from worker.model_store import resolve_model
 from worker.queue import ModelQueue
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from worker.engine import Engine
 
 log = logging.getLogger("tokenq.worker")
+# How long a worker about to serve waits for its lease keeper to be up (it started as the
+# model began to load, so this is rarely waited for).
+KEEPER_START_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -123,12 +127,14 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     metrics, readiness = WorkerMetrics(model_name), Readiness()
     if settings.worker_metrics_port is not None:
         serve_http(settings.worker_metrics_port, metrics, readiness)
-    engine = _load(config, opts.engine_process, loading, connection, settings, model_name)
+    keeper = start_keeper(settings, queue)  # started here, so that it loads as the model does
+    engine = None
     try:
+        engine = _load(config, opts.engine_process, loading, connection, settings, model_name)
         service = WorkerService(
             engine, connection, settings, model_name, worker_id, metrics, guided
         )
-        heartbeat = start_heartbeat(service, engine)
+        heartbeat = start_heartbeat(service, engine, keeper)
         readiness.check = lambda: heartbeat.healthy() and not service.stopping.is_set()
         _install_signal_handlers(service)
         freeze_startup_objects()
@@ -143,6 +149,8 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
     finally:
         if isinstance(engine, EngineProcess):
             engine.close()  # whatever ended the worker: no engine process left behind
+        if keeper is not None:
+            keeper.stop()
     log.info("worker %s stopped", worker_id)
 
 
@@ -196,8 +204,18 @@ def serves_structured_outputs(config: EngineConfig | SimConfig) -> bool:
     return problem is None
 
 
+def start_keeper(settings: Settings, queue: ModelQueue) -> LeaseKeeper | None:
+    """The child process that keeps the worker's leases while a step holds the GIL
+    (worker/lease_keeper.py says why a process); none with the stall limit off."""
+    if not settings.worker_stall_limit_ms:
+        return None
+    return LeaseKeeper.start(settings, queue.tag, queue.worker_id)
+
+
 def start_heartbeat(
-    service: WorkerService, engine: Engine | SimEngine | EngineProcess
+    service: WorkerService,
+    engine: Engine | SimEngine | EngineProcess,
+    keeper: LeaseKeeper | None = None,
 ) -> Heartbeat:
     info = {
         "model": service.model,
@@ -219,7 +237,9 @@ def start_heartbeat(
         info[CHAT_FIELD] = chat_features(tokenizer).to_field()
     s = service.settings
     queue = service.queue.sibling(connect(s.redis_url, s.redis_cluster))
-    heartbeat = Heartbeat(queue, service, info)
+    if keeper is not None:  # before the worker serves: a first step may hold the GIL
+        keeper.wait_ready(KEEPER_START_S)
+    heartbeat = Heartbeat(queue, service, info, keeper)
     heartbeat.beat()
     heartbeat.start()
     return heartbeat

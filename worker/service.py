@@ -85,6 +85,8 @@ class WorkerService:
         # Filled by the heartbeat thread, applied by the loop between steps.
         self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # When the loop last turned: past TOKENQ_WORKER_STALL_LIMIT_MS, leases lapse.
+        self.last_turn_s = time.monotonic()
         # Writes go to Redis from this thread while the engine computes the next step.
         self.writer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-write")
         # Claims go out from this thread while the engine computes (see ``intake``).
@@ -119,6 +121,7 @@ class WorkerService:
 
     def iterate(self, burst: bool = False) -> bool:
         """One turn of the loop; False when a burst run has nothing left to do."""
+        self.last_turn_s = time.monotonic()
         if self.pending and self.writing is None:
             self.flush()  # a write that failed goes again, unchanged, before the engine moves on
         self._apply_heartbeat_news()
@@ -144,6 +147,7 @@ class WorkerService:
         with contextlib.suppress(*REDIS_ERRORS):
             self._admit_all(self._claimed(wait=True))  # drained, or handed back, with the rest
         while self.engine.has_unfinished_requests() and time.monotonic() < give_up:
+            self.last_turn_s = time.monotonic()
             try:
                 self.flush()
                 self._apply_heartbeat_news()

@@ -27,6 +27,7 @@ from producer.openai.errors import ErrorResponse as ErrorResponse
 from producer.openai.errors import from_validation_errors as from_validation_errors
 from producer.openai.errors import invalid as invalid
 from shared.errors import (
+    IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
     QueueFull,
@@ -54,7 +55,8 @@ _DESCRIPTIONS = {
     401: "missing or unknown API key",
     403: "the API key may not use the priority asked for",
     404: "no such request, or a model no worker has served lately",
-    409: "the request has ended and cannot be changed",
+    409: "the request has ended and cannot be changed, or its idempotency key was sent "
+    "before with another body",
     429: "the model's queue is full or the API key is over a rate limit; retry after "
     "Retry-After seconds (x-ratelimit-* say which limit)",
     503: "Redis is unreachable, or its replicas did not confirm a write in time; retry",
@@ -103,6 +105,11 @@ def map_tokenq_error(exc: Exception) -> ApiError:
         return ApiError(404, str(exc), type="not_found_error", param="model", code="lora_not_found")
     if isinstance(exc, NotFound):
         return ApiError(404, str(exc), type="not_found_error", code="request_not_found")
+    if isinstance(exc, IdempotencyKeyReused):  # Stripe's answer too: a conflict, not a 400
+        return ApiError(
+            409, str(exc), type="invalid_request_error", param="idempotency_key",
+            code="idempotency_key_reused",
+        )  # fmt: skip
     if isinstance(exc, InvalidRequest):
         return invalid(str(exc), getattr(exc, "param", None))
     if isinstance(exc, RequestTimeout):

@@ -106,7 +106,7 @@ class CancelReply(BaseModel):
     dependencies=[TRACEPARENT],
     responses={
         200: {"model": SubmitReply, "description": "an idempotent repeat"},
-        **error_responses(400, 401, 403, 404, 429, 503),
+        **error_responses(400, 401, 403, 404, 409, 429, 503),
     },
 )
 async def submit(

@@ -38,7 +38,7 @@ API = "embeddings"
 @router.post(
     "/embeddings",
     response_model=EmbeddingList,
-    responses=error_responses(400, 401, 403, 404, 429, 500, 503, 504),
+    responses=error_responses(400, 401, 403, 404, 409, 429, 500, 503, 504),
 )
 async def embeddings(
     body: EmbeddingRequest, request: Request, caller: Caller, backend: BackendDep

@@ -52,7 +52,7 @@ def _streamed(chunk: str) -> dict[int | str, dict[str, object]]:
     return {200: {"content": {"text/event-stream": {"schema": event}}, "description": doc}}
 
 
-ERRORS = error_responses(400, 401, 403, 404, 429, 500, 503, 504)
+ERRORS = error_responses(400, 401, 403, 404, 409, 429, 500, 503, 504)
 Whole = Callable[[list[FinalEvent]], BaseModel]
 
 

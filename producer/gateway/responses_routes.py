@@ -40,7 +40,7 @@ from producer.responses.schemas import ResponsesBody
 from shared.models import RequestState
 
 router = APIRouter(prefix="/v1/responses", tags=["openai"])
-ERRORS = error_responses(400, 401, 403, 404, 429, 503)
+ERRORS = error_responses(400, 401, 403, 404, 409, 429, 503)
 CANCEL_WAIT_S = 5.0  # how long a cancel waits for a running response to stop
 # With stream=true: the events as SSE (in OpenAPI 3.1 an event stream's schema is one
 # event's); each event's JSON has its type and sequence_number.

@@ -10,6 +10,7 @@ from typing import Any
 
 from shared.cache_scope import cache_salt
 from shared.fairness import estimated_tokens, fair_member, units
+from shared.idempotency import body_digest
 from shared.keys import Keys, model_tag
 from shared.models import GenerationRequest, dumps
 from shared.ops.claim import GUIDED_MARK
@@ -19,15 +20,20 @@ from shared.scripts import ScriptCall
 from shared.settings import Settings
 
 
-def idempotency_key(keys: Keys, request_id: str, digest: str | None) -> str:
-    """The request's idempotency key; without one, a name on the request's slot that the
-    scripts never write (KEYS must name it all the same)."""
-    return keys.idempotency(digest) if digest else keys.no_idempotency(request_id)
+def idempotency_keys(keys: Keys, request_id: str, digest: str | None) -> list[str]:
+    """The request's idempotency key and the key that holds its body's digest; without
+    one, a name on the request's slot that the scripts never write (KEYS must name them
+    all the same)."""
+    if not digest:
+        return [keys.no_idempotency(request_id)] * 2
+    return [keys.idempotency(digest), keys.idempotency_body(digest)]
 
 
 class AdmitOutcome(StrEnum):
     OK = "ok"
     DUPLICATE = "duplicate"  # its idempotency key names an earlier request
+    # ... an earlier request with another body (shared.idempotency): refused
+    KEY_REUSED = "idempotency_key_reused"
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,8 @@ class Admitted:
 
 @dataclass(frozen=True)
 class Admit:
-    """admit.lua: write the request hash (and its idempotency key)."""
+    """admit.lua: write the request hash (and its idempotency key, with the body's
+    digest), or find the request its idempotency key names."""
 
     request_id: str
     request: GenerationRequest
@@ -48,7 +55,7 @@ class Admit:
         req, rid = self.request, self.request_id
         return ScriptCall(
             "admit",
-            [keys.request(rid), idempotency_key(keys, rid, self.digest)],
+            [keys.request(rid), *idempotency_keys(keys, rid, self.digest)],
             [
                 rid,
                 dumps(req).decode(),
@@ -58,6 +65,7 @@ class Admit:
                 int(req.priority),
                 "" if req.deadline_ms is None else req.deadline_ms,
                 req.tenant or "",
+                "" if self.digest is None else body_digest(req),
             ],
         )
 
@@ -142,7 +150,7 @@ class Withdraw:
     def call(self, keys: Keys) -> ScriptCall:
         rid = self.request_id
         return ScriptCall(
-            "withdraw", [keys.request(rid), idempotency_key(keys, rid, self.digest)], [rid]
+            "withdraw", [keys.request(rid), *idempotency_keys(keys, rid, self.digest)], [rid]
         )
 
     @staticmethod
