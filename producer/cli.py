@@ -28,6 +28,13 @@ app = typer.Typer(help="tokenq: prioritized LLM generation through Redis.", no_a
 console = Console(stderr=True)
 
 ModelOpt = Annotated[str, typer.Option(help="model name or local path")]
+QuantizationOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="int8: keep the projections' weights in 8 bits (CPU; the built-in engine); "
+        "default: the checkpoint's dtype"
+    ),
+]
 
 
 @app.command()
@@ -97,6 +104,7 @@ def worker(
             "side and tokenizer (default: off, one process)"
         ),
     ] = False,
+    quantization: QuantizationOpt = None,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
@@ -126,6 +134,7 @@ def worker(
         grammar_compile_threads=grammar_compile_threads,
         grammar_compile_timeout_s=grammar_compile_timeout_s,
         engine_process=engine_process,
+        quantization=quantization,
     )
     try:
         config = engine_config(opts)
@@ -143,13 +152,14 @@ def worker(
 def up(
     model: ModelOpt = DEFAULT_MODEL,
     port: Annotated[int | None, typer.Option(help="gateway port (default 8000, else free)")] = None,
+    quantization: QuantizationOpt = None,
     log_level: str = "INFO",
 ) -> None:
     """Everything on this host: an embedded Redis, a worker on MODEL, a gateway."""
     from producer.up import run_up
 
     _logging(log_level)
-    run_up(model, port, console)
+    run_up(model, port, console, () if quantization is None else ("--quantization", quantization))
 
 
 @app.command()

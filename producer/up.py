@@ -32,12 +32,15 @@ class StopRequested(Exception):
     """SIGTERM (or SIGHUP) reached `tokenq up`: stop everything, as Ctrl-C does."""
 
 
-def run_up(model: str, port: int | None, console: Console) -> None:
+def run_up(
+    model: str, port: int | None, console: Console, worker_args: tuple[str, ...] = ()
+) -> None:
     """An embedded Redis, a worker on MODEL and (when the gateway extra is installed) a
     gateway with the dashboard; until Ctrl-C, SIGTERM or one of them stops. Each way
     out stops every child (the worker drains) before it returns: a supervisor's SIGTERM
     to this process alone leaves nothing running, and a SIGKILL sends each child a
-    SIGTERM of its own (``die_with_parent``)."""
+    SIGTERM of its own (``die_with_parent``). ``worker_args`` go to the worker's
+    command line as they are (``--quantization int8``)."""
     _on_stop_signals(_raise_stop)
     procs: list[subprocess.Popen[bytes]] = []
     server: EmbeddedRedis | None = None
@@ -47,7 +50,7 @@ def run_up(model: str, port: int | None, console: Console) -> None:
         state.parent.mkdir(parents=True, exist_ok=True)
         state.write_text(server.url)
         announce_model(server.url, model)
-        procs.append(_tokenq("worker", "--redis", server.url, "--model", model))
+        procs.append(_tokenq("worker", "--redis", server.url, "--model", model, *worker_args))
         # Batches (/v1/batches, `tokenq batch`) are driven by RQ jobs: one RQ worker.
         procs.append(_tokenq("batch", "worker", "--redis", server.url, "--log-level", "WARNING"))
         gateway_procs, gateway = _gateway(server.url, port, console)

@@ -63,6 +63,7 @@ class WorkerOptions:
     grammar_compile_threads: int = 4
     grammar_compile_timeout_s: float = 10.0
     engine_process: bool = False  # the engine in a child process (worker/engine_process.py)
+    quantization: str | None = None
 
 
 def new_worker_id() -> str:
@@ -91,6 +92,7 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
         timed_forward_ms=opts.timed_forward_ms,
         grammar_compile_threads=opts.grammar_compile_threads,
         grammar_compile_timeout_s=opts.grammar_compile_timeout_s,
+        quantization=opts.quantization,
     )
     if opts.max_num_seqs is not None:
         config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again

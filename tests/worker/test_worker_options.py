@@ -41,3 +41,13 @@ def test_grammar_compile_bounds_reach_the_engine_config() -> None:
         app, ["worker", "--model", "org/model", "--grammar-compile-threads", "0"]
     )
     assert result.exit_code == 2 and "grammar_compile_threads" in result.output
+
+
+def test_quantization_reaches_the_engine_config_and_a_wrong_one_is_refused_by_name() -> None:
+    config = engine_config(WorkerOptions("org/model", quantization="int8"))
+    assert isinstance(config, EngineConfig) and config.quantization == "int8"
+    result = CliRunner().invoke(app, ["worker", "--model", "org/model", "--quantization", "int3"])
+    assert result.exit_code == 2 and "quantization must be one of int8" in result.output
+    for command in ("worker", "up"):
+        shown = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+        assert "--quantization" in shown.output

@@ -8,6 +8,9 @@ from typing import Any
 
 from worker.engine.pooling import POOLING_METHODS
 
+# Weight quantizations the built-in engine applies at load (``worker.engine.quantization``).
+QUANTIZATION_METHODS = ("int8",)
+
 # With every row of the batch taken, the look-ahead is claimed for this many at a time
 # (``EngineConfig.num_to_claim``).
 LOOKAHEAD_REFILL = 2
@@ -58,6 +61,10 @@ class EngineConfig:
     a device-like forward on the CPU, for benchmarks and tests of the host's share of
     a step.
 
+    ``quantization="int8"`` keeps the projections of a described family's layers in
+    8 bits with a scale per output channel, quantized at load on the CPU
+    (``worker.engine.quantization``); ``None`` serves the checkpoint's own dtype.
+
     ``max_num_seqs``, ``max_num_batched_tokens`` and ``kv_cache_share`` left at
     ``None`` take the device's defaults: a small CPU box (64 rows, 512 tokens a
     step, 30% of free memory) or a GPU (256 rows as vLLM uses, 2048 tokens a step,
@@ -95,6 +102,7 @@ class EngineConfig:
     grammar_compile_timeout_s: float = 10.0
     async_scheduling: bool | None = None
     timed_forward_ms: float | None = None
+    quantization: str | None = None
 
     def num_to_claim(self, max_num_seqs: int, num_held: int) -> int:
         """How many new requests to claim beside the ``num_held`` the engine holds
@@ -142,6 +150,11 @@ class EngineConfig:
         if self.timed_forward_ms is not None and not self.timed_forward_ms > 0:
             raise ValueError(
                 f"timed_forward_ms must be above 0 or None, got {self.timed_forward_ms}"
+            )
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or None, "
+                f"got {self.quantization!r}"
             )
         if not self.aging_interval_s > 0:
             raise ValueError(f"aging_interval_s must be above 0, got {self.aging_interval_s}")

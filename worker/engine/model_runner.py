@@ -46,6 +46,7 @@ from worker.engine.overlap import (
     timed_pack,
     to_host,
 )
+from worker.engine.quantization import quantize_forward
 from worker.engine.runner_support import (
     available_host_bytes,
     eos_token_ids,
@@ -86,6 +87,8 @@ class ModelRunner:
             raise UnsupportedModel(f"model {config.model}: a hybrid runs only fused")
         self.family = loaded.family if config.fuse_layers else None
         self.forward_fn = self._forward_fn(config)
+        self.quantization = config.quantization
+        quantize_forward(self.forward_fn, config.quantization, config.model)
         text_config = self.model.config.get_text_config()
         self.max_model_len: int = config.max_model_len or text_config.max_position_embeddings
         self.rope_lens, self.recompute_at = self._rope_switch()

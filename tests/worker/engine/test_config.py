@@ -28,6 +28,7 @@ from worker.engine import EngineConfig
         ("max_num_seqs", 2.5),
         ("kv_block_size", True),
         ("pooling", "max"),
+        ("quantization", "int4"),
     ],
 )
 def test_an_invalid_field_is_refused_by_name(field: str, value: Any) -> None:

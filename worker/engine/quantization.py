@@ -1,0 +1,163 @@
+"""Weights in 8 bits on the CPU: ``--quantization int8``.
+
+One sequence's decode step reads every weight once for a single row of activations,
+so its time is the time to read the weights; in 8 bits there is a quarter as much
+to read. Each projection the shared layers own (attention q/k/v and output, the
+gated MLP, a MoE's experts, the LM head) is quantized at load, weight-only, with
+one scale per output channel (symmetric, ``[-127, 127]``), and runs through torch's
+own packed kernel, ``aten._weight_int8pack_mm``, whose fast CPU path takes bf16
+activations: a step's activations enter it in bf16 and leave it in the model's
+dtype.
+
+That kernel is made for a few rows: past :data:`MAX_INT8_ROWS` (a prefill chunk, a
+batch of decodes) it is slower than the fp32 oneDNN matmul, so a larger step reads
+the dequantized weights through the ordinary :class:`Projection` instead; both use
+the same weights. The dequantized values are also written back over the loaded
+model's own parameters (the fused projections' views), so that transformers'
+forward, which the start-up self-check holds the engine to, computes with exactly
+the weights the engine serves: the check then measures the kernel and its bf16
+activations (``worker.engine.self_check`` allows the bf16 tolerance), not the
+rounding of the weights, which ``bench/latency.py --agreement`` measures against
+the fp32 engine.
+
+Left in the checkpoint's dtype: the embeddings (a step reads a handful of their
+rows), the layers with recurrent or convolution state of a hybrid, routers and
+gates, and any projection whose input width the kernel does not take (a multiple
+of :data:`IN_FEATURES_MULTIPLE`; others crash it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from worker.engine.errors import UnsupportedModel
+from worker.engine.generic_forward import GenericForward
+from worker.engine.models.decoder import Attention, DecoderModel
+from worker.engine.models.layers import GatedMLP, Projection
+from worker.engine.models.moe import SparseMoe
+from worker.engine.models.shared_expert import SharedExpertMoe
+
+log = logging.getLogger(__name__)
+
+MAX_INT8_ROWS = 4  # past this many rows the fp32 oneDNN matmul is faster
+IN_FEATURES_MULTIPLE = 16  # what the kernel's CPU path reads at once
+KERNEL_DTYPE = torch.bfloat16
+INT8_MAX = 127
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """A weight ``[out, in]`` as int8 values and one scale per output row (``scales``
+    already rounded to the kernel's dtype, so that ``dequantize`` is what it computes)."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        return self.values.float() * self.scales.float()[:, None]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.values.numel() + self.scales.numel() * self.scales.element_size()
+
+
+def quantize_per_channel(weight: torch.Tensor) -> Int8Weight:
+    """Symmetric int8 with the scale of each output row set by its largest magnitude."""
+    w = weight.detach().float()
+    largest = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny)
+    scales = (largest / INT8_MAX).to(KERNEL_DTYPE)
+    values = torch.round(w / scales.float()[:, None]).clamp(-INT8_MAX, INT8_MAX)
+    return Int8Weight(values.to(torch.int8).contiguous(), scales)
+
+
+class Int8Projection(Projection):
+    """A projection reading int8 weights for up to :data:`MAX_INT8_ROWS` rows, and the
+    same weights dequantized (the base class's oneDNN path) for more."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: Int8Weight):
+        super().__init__(weight, bias)
+        self.int8 = int8
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        width = x.shape[-1]
+        rows = x.numel() // width
+        if rows > MAX_INT8_ROWS:
+            return super().__call__(x)
+        flat = x.reshape(rows, width).to(KERNEL_DTYPE)
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.int8.values, self.int8.scales)
+        out = out.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        shaped: torch.Tensor = out.view(*x.shape[:-1], out.shape[-1])
+        return shaped
+
+
+def quantize_projection(projection: Projection) -> Projection:
+    """``projection`` in int8, its weight (and the model's views of it) overwritten with
+    the dequantized values; unchanged where the kernel cannot take it."""
+    weight = projection.weight
+    if isinstance(projection, Int8Projection) or not _kernel_takes(weight):
+        return projection
+    int8 = quantize_per_channel(weight)
+    with torch.no_grad():
+        weight.copy_(int8.dequantize().to(weight.dtype))
+    return Int8Projection(weight, projection.bias, int8)
+
+
+def _kernel_takes(weight: torch.Tensor) -> bool:
+    return (
+        weight.dim() == 2
+        and weight.device.type == "cpu"
+        and weight.shape[1] % IN_FEATURES_MULTIPLE == 0
+    )
+
+
+def quantize_forward(forward: DecoderModel | GenericForward, method: str | None, name: str) -> None:
+    """Quantize the fused forward's projections by ``method`` (None: leave them), or
+    refuse where the engine cannot serve it so."""
+    if method is None:
+        return
+    if not isinstance(forward, DecoderModel):
+        raise UnsupportedModel(
+            f"model {name}: --quantization {method} needs the fused forward of a family tokenq "
+            "describes; serve this model without --quantization"
+        )
+    if forward.embed_weight.device.type != "cpu":
+        raise UnsupportedModel(
+            f"model {name}: --quantization {method} runs on the CPU only; on "
+            f"{forward.embed_weight.device.type} serve it without --quantization"
+        )
+    done: list[Projection] = []
+    for layer in forward.layers:
+        if isinstance(layer.mixer, Attention):
+            layer.mixer.qkv = _quantized(layer.mixer.qkv, done)
+            layer.mixer.o = _quantized(layer.mixer.o, done)
+        _quantize_mlp(layer.mlp, done)
+    forward.lm_head = _quantized(forward.lm_head, done)
+    int8 = [p.int8 for p in done if isinstance(p, Int8Projection)]
+    log.info(
+        "quantized %d of %d projections to int8 (%d MiB of int8 weights)",
+        len(int8),
+        len(done),
+        sum(w.num_bytes for w in int8) >> 20,
+    )
+
+
+def _quantize_mlp(mlp: GatedMLP | SparseMoe | SharedExpertMoe, done: list[Projection]) -> None:
+    if isinstance(mlp, SharedExpertMoe):
+        _quantize_mlp(mlp.shared, done)
+        _quantize_mlp(mlp.sparse, done)
+    elif isinstance(mlp, GatedMLP):
+        mlp.gate_up = _quantized(mlp.gate_up, done)
+        mlp.down = _quantized(mlp.down, done)
+    elif mlp.packed is not None:  # the experts as projections (fp32 on the CPU)
+        mlp.packed = [(_quantized(a, done), _quantized(b, done)) for a, b in mlp.packed]
+
+
+def _quantized(projection: Projection, done: list[Projection]) -> Projection:
+    quantized = quantize_projection(projection)
+    done.append(quantized)
+    return quantized
