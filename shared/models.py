@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shared.guided import UnsupportedSchema, check_json_schema
 from shared.priority import Priority, parse_priority
+from shared.refusal import Refusal
 
 SCHEMA_VERSION = 1
 MAX_STOP_STRINGS = 16
@@ -498,6 +499,7 @@ class FinalEvent(_Strict):
     embedding: tuple[float, ...] | None = Field(
         None, description="an embed request's L2-normalised vector"
     )
+    refusal: Refusal | None = Field(None, description="why the worker refused the request")
 
 
 Event = Annotated[TokenEvent | FinalEvent, Field(discriminator="type")]
@@ -520,6 +522,7 @@ class Result(_Strict):
     timings: Timings
     error: str | None = None
     embedding: tuple[float, ...] | None = None
+    refusal: Refusal | None = None
 
 
 def dumps(model: BaseModel) -> bytes:

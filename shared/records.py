@@ -83,6 +83,7 @@ def result_from_hash(request_id: str, h: dict[str, str]) -> Result | None:
         timings=final.timings,
         error=final.error,
         embedding=final.embedding,
+        refusal=final.refusal,
     )
 
 

@@ -141,5 +141,6 @@ def merge(group: list[RequestOutput]) -> RequestOutput:
         num_output_tokens=last.num_output_tokens,
         error=last.error,
         embedding=last.embedding,
+        refusal=last.refusal,
         steps=[(len(o.new_token_ids), len(o.text)) for o in steps] if len(steps) > 1 else None,
     )

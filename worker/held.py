@@ -8,6 +8,7 @@ import orjson
 
 from shared.models import FinalEvent, FinishReason, GenerationRequest, RequestState, Usage
 from shared.ops.claim import Claimed
+from shared.refusal import Refusal
 
 STATE_OF_REASON = {
     FinishReason.STOP: RequestState.FINISHED,
@@ -53,12 +54,15 @@ class Held:
         num_more: int = 0,
         error: str | None = None,
         embedding: list[float] | None = None,
+        refusal: Refusal | None = None,
     ) -> FinalEvent:
         usage = Usage(
             prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids) + num_more
         )
         vector = None if embedding is None else tuple(embedding)
-        return FinalEvent(finish_reason=reason, usage=usage, error=error, embedding=vector)
+        return FinalEvent(
+            finish_reason=reason, usage=usage, error=error, embedding=vector, refusal=refusal
+        )
 
 
 @dataclass

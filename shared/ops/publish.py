@@ -44,7 +44,9 @@ class Final:
 
     @classmethod
     def of(cls, event: FinalEvent, output_json: bytes, state: Fate) -> Final:
-        untimed = orjson.dumps(event.model_dump(mode="json", exclude={"timings"})).decode()
+        # No refusal, no key: a reader from before refusals took the final as it was.
+        left_out = {"timings"} if event.refusal is not None else {"timings", "refusal"}
+        untimed = orjson.dumps(event.model_dump(mode="json", exclude=left_out)).decode()
         return cls(untimed, event.finish_reason.value, output_json, state)
 
 

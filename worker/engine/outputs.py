@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.models import FinishReason
+from shared.refusal import Refusal
 from worker.engine.request import Sequence
 
 
@@ -88,6 +89,7 @@ class RequestOutput:
     # What was wrong, for a request that ends with FinishReason.ERROR.
     error: str | None = None
     embedding: list[float] | None = None
+    refusal: Refusal | None = None  # set when ``error`` is the request's own mistake
 
     @property
     def finished(self) -> bool:
