@@ -21,7 +21,6 @@ from shared.refusal import invalid, too_long
 from worker.engine.config import EngineConfig
 from worker.engine.grammar import CompilingRequests, Grammars
 from worker.engine.kv_cache import KVCacheManager
-from worker.engine.lora_weights import AdapterError
 from worker.engine.model_runner import ModelRunner, pick_device
 from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import InFlight
@@ -333,10 +332,7 @@ class Engine(TokenizerPrompts):
                 "lora: this worker serves no LoRA adapters "
                 "(--max-loras is 0, or the model is not Llama-shaped)",
             )
-        try:
-            store.check(lora)
-        except AdapterError as e:
-            raise invalid("lora", f"lora: {e}") from e
+        store.check(lora)  # AdapterError, a RequestRefused naming lora
 
     def lora_rank_limit(self) -> int:
         """The largest adapter rank this engine serves, 0 when it serves none: the worker
