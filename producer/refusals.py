@@ -1,13 +1,16 @@
 """A worker's error for one request, read as the request's fault or the service's.
 
-A worker ends a request with ``finish_reason: error`` and a message when it cannot run
-that request: a prompt past the context, a token id outside the vocabulary, a schema or
-regex that does not compile, a grammar past its time limit. Those are the client's
-mistakes and answer 400 naming the field, so no client retries them: the message says
-"cannot run this request", or names a field of the request. The service's own
-failures answer 500: a request dead-lettered after its workers were lost, a payload a
-worker could not read, an error a worker reports as its own (a message starting
-"internal error"), and any other message.
+A worker ends a request with ``finish_reason: error`` when it cannot run it: a prompt
+past the context, a token id outside the vocabulary, a schema or regex that does not
+compile, a grammar past its time limit. Those are the client's mistakes: the final
+event carries them as a typed ``refusal`` (code, native field, message), decided where
+the worker refused, and they answer 400 naming the field, so no client retries them.
+The service's own failures (a request dead-lettered after its workers were lost, a
+payload a worker could not read, an error a worker reports as its own) carry no
+refusal and answer 500.
+
+A final written by a worker from before refusals were typed has only its ``error``
+sentence; ``legacy_refusal`` reads that, and nothing else does.
 """
 
 from __future__ import annotations
@@ -18,18 +21,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shared.models import FinishReason, GenerationRequest, SamplingParams
+from shared.refusal import REFUSED
+from shared.refusal import Refusal as WireRefusal
 
 SERVICE_ERRORS = ("worker lost", "unreadable payload", "internal error")
-REFUSED = "cannot run this request"  # the worker's words for a request it will not run
-_PREFIXES = re.compile(r"^(cannot run this request: )?(request \S+: )?")
-_CONTEXT = re.compile(
-    r"(\d+) prompt tokens and max_tokens \d+ need \d+ tokens of context, over the (\d+)"
-)
-_FIELDS = tuple(
-    sorted({*SamplingParams.model_fields, *GenerationRequest.model_fields}, key=len, reverse=True)
-)
 SAMPLING_FIELDS = frozenset(SamplingParams.model_fields)
-_FIELD = re.compile(r"\b(" + "|".join(_FIELDS) + r")\b")
 
 
 class Ended(Protocol):
@@ -40,6 +36,9 @@ class Ended(Protocol):
 
     @property
     def error(self) -> str | None: ...
+
+    @property
+    def refusal(self) -> WireRefusal | None: ...
 
 
 @dataclass(frozen=True)
@@ -54,22 +53,44 @@ class Refusal:
         """``param`` as an API spells it (``names`` maps native names to its own)."""
         return None if self.param is None else names.get(self.param, self.param)
 
+    @classmethod
+    def of(cls, refusal: WireRefusal) -> Refusal:
+        return cls(refusal.message, refusal.param, refusal.code.value)
+
 
 def refusal_of(final: Ended) -> Refusal | None:
     """The client's mistake a failed request ended with; None for anything else."""
     if final.finish_reason is not FinishReason.ERROR:
         return None
-    error = final.error or ""
+    if final.refusal is not None:
+        return Refusal.of(final.refusal)
+    return legacy_refusal(final.error or "")
+
+
+# A final of an older worker: its sentence is all there is to go by.
+_PREFIXES = re.compile(r"^(cannot run this request: )?(request \S+: )?")
+_CONTEXT = re.compile(
+    r"(\d+) prompt tokens and max_tokens \d+ need \d+ tokens of context, over the (\d+)"
+)
+_FIELDS = tuple(
+    sorted({*SamplingParams.model_fields, *GenerationRequest.model_fields}, key=len, reverse=True)
+)
+_FIELD = re.compile(r"\b(" + "|".join(_FIELDS) + r")\b")
+
+
+def legacy_refusal(error: str) -> Refusal | None:
+    """The refusal in an older worker's error sentence (it carried no ``refusal``):
+    its words "cannot run this request", or a field of the request it names."""
     if error.lower().startswith(SERVICE_ERRORS):
         return None
     message = _PREFIXES.sub("", error) or "the worker refused this request"
-    param, code = _field_of(message)
+    param, code = _legacy_field_of(message)
     if param is None and not error.startswith(REFUSED):
         return None
     return Refusal(message, param, code)
 
 
-def _field_of(message: str) -> tuple[str | None, str]:
+def _legacy_field_of(message: str) -> tuple[str | None, str]:
     context = _CONTEXT.search(message)
     if context is not None:
         num_prompt, limit = int(context.group(1)), int(context.group(2))

@@ -2,11 +2,17 @@
 request may fill, the embedding size, whether they serve structured outputs. Workers
 write theirs on the model's slot on every heartbeat (``register_limits``); a submit
 reads them (``registered_limits``) and refuses up front what no worker would run
-(``check_limits``), naming the field and the limit. The worker checks again, and ends
-such a request with the same kind of error, so a limit missed here is never a crash."""
+(``check_limits``, on every submit path: the clients, the gateway, batches), with a
+typed ``RequestRefused`` naming the field and the limit. The worker checks again, and
+ends such a request with the same refusal, so a limit missed here is never a crash.
+
+A text prompt is tokenized by the worker alone; a submit bounds its tokens from below
+by its bytes (no token stands for more than ``max_bytes_per_token`` of them), so a text
+that could never fit is refused at once and one that might is left to the worker."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -14,9 +20,10 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.errors import InvalidRequest, MissingCapability
+from shared.errors import MissingCapability
 from shared.keys import Keys, model_tag
 from shared.models import GenerationRequest
+from shared.refusal import RefusalCode, RequestRefused
 from shared.replies import text
 
 # How long a client keeps the limits it read before reading them again.
@@ -32,14 +39,28 @@ class ModelLimits(BaseModel):
     max_model_len: int = Field(ge=1, description="prompt plus generated tokens of a request")
     embedding_size: int | None = Field(None, ge=1)
     guided: bool = Field(True, description="it serves structured outputs (guided_*)")
+    max_bytes_per_token: int | None = Field(
+        None, ge=1, description="the most UTF-8 bytes one token of its vocabulary spells"
+    )
 
     def check(self, req: GenerationRequest) -> None:
-        """Raise InvalidRequest naming the first field over these limits."""
+        """Raise RequestRefused naming the first field over these limits."""
         problem = _problem(self, req)
         if problem is not None:
-            raise InvalidRequest(f"invalid request for model {req.model!r}: {problem}")
+            code, param, detail = problem
+            raise RequestRefused(code, param, f"invalid request for model {req.model!r}: {detail}")
         if req.sampling.guided and not self.guided:
             raise MissingCapability(req.model, "structured outputs")
+
+
+def check_limits(limits: ModelLimits | None, requests: Iterable[GenerationRequest]) -> None:
+    """The one check every submit path runs before it queues anything: RequestRefused
+    (or MissingCapability) for the first request over its model's registered limits
+    (None: none registered, nothing to check)."""
+    if limits is None:
+        return
+    for req in requests:
+        limits.check(req)
 
 
 def merged(limits: Iterable[ModelLimits]) -> ModelLimits | None:
@@ -48,11 +69,14 @@ def merged(limits: Iterable[ModelLimits]) -> ModelLimits | None:
     if not every:
         return None
     sizes = [x.embedding_size for x in every if x.embedding_size is not None]
+    spelled = [x.max_bytes_per_token for x in every if x.max_bytes_per_token is not None]
     return ModelLimits(
         vocab_size=max(x.vocab_size for x in every),
         max_model_len=max(x.max_model_len for x in every),
         embedding_size=max(sizes) if sizes else None,
         guided=any(x.guided for x in every),
+        # A worker that did not say may take any text: then no text is bounded.
+        max_bytes_per_token=max(spelled) if len(spelled) == len(every) else None,
     )
 
 
@@ -113,11 +137,9 @@ class LimitsCache(_Cache):
         self.connection = connection
 
     def check(self, requests: Iterable[GenerationRequest]) -> None:
-        """Raise InvalidRequest for the first request over its model's limits."""
+        """Raise RequestRefused for the first request over its model's limits."""
         for req in requests:
-            limits = self.get(req.model)
-            if limits is not None:
-                limits.check(req)
+            check_limits(self.get(req.model), [req])
 
     def get(self, model: str) -> ModelLimits | None:
         fresh, limits = self._fresh(model)
@@ -135,9 +157,7 @@ class AsyncLimitsCache(_Cache):
 
     async def check(self, requests: Iterable[GenerationRequest]) -> None:
         for req in requests:
-            limits = await self.get(req.model)
-            if limits is not None:
-                limits.check(req)
+            check_limits(await self.get(req.model), [req])
 
     async def get(self, model: str) -> ModelLimits | None:
         fresh, limits = self._fresh(model)
@@ -147,7 +167,11 @@ class AsyncLimitsCache(_Cache):
         return self._keep(model, merged(_parsed(raw.values())))
 
 
-def _problem(limits: ModelLimits, req: GenerationRequest) -> str | None:
+# What is over the limits: its kind, the native field at fault, and what to do.
+Problem = tuple[RefusalCode, str, str]
+
+
+def _problem(limits: ModelLimits, req: GenerationRequest) -> Problem | None:
     """What in ``req`` is over ``limits``, naming the field and the limit."""
     s, vocab = req.sampling, limits.vocab_size
     for field, ids in (
@@ -158,36 +182,74 @@ def _problem(limits: ModelLimits, req: GenerationRequest) -> str | None:
         beyond = next((t for t in ids if t >= vocab), None)
         if beyond is not None:
             return (
+                RefusalCode.INVALID_VALUE,
+                field.removeprefix("sampling."),
                 f"{field}: token id {beyond} is outside the model's vocabulary of {vocab} "
-                f"tokens (ids 0..{vocab - 1})"
+                f"tokens (ids 0..{vocab - 1})",
             )
     if req.task == "embed":
         return _embed_problem(limits, req)
     if req.task in ("tokenize", "detokenize"):
         return None  # the model does not run: its context does not bound them
-    context = limits.max_model_len
-    if s.max_tokens >= context:
+    return _context_problem(limits, req)
+
+
+def _context_problem(limits: ModelLimits, req: GenerationRequest) -> Problem | None:
+    context, max_tokens = limits.max_model_len, req.sampling.max_tokens
+    if max_tokens >= context:
         return (
-            f"sampling.max_tokens: {s.max_tokens} is past the model's context of {context} "
-            f"tokens (prompt and output together); ask for at most {context - 1}"
+            RefusalCode.CONTEXT_LENGTH_EXCEEDED,
+            "max_tokens",
+            f"sampling.max_tokens: {max_tokens} is past the model's context of {context} "
+            f"tokens (prompt and output together); ask for at most {context - 1}",
         )
-    num_prompt = len(req.prompt_token_ids or ())
-    if num_prompt and num_prompt + s.max_tokens > context:
+    field, num_prompt = _num_prompt_tokens(limits, req)
+    if num_prompt and num_prompt + max_tokens > context:
+        at_least = "" if field == "prompt_token_ids" else "at least "
         return (
-            f"prompt_token_ids: {num_prompt} prompt tokens and max_tokens {s.max_tokens} "
-            f"need {num_prompt + s.max_tokens} tokens, over the model's context of {context}"
+            RefusalCode.CONTEXT_LENGTH_EXCEEDED,
+            field,
+            f"{field}: {at_least}{num_prompt} prompt tokens and max_tokens {max_tokens} "
+            f"need {num_prompt + max_tokens} tokens, over the model's context of {context}",
         )
     return None
 
 
-def _embed_problem(limits: ModelLimits, req: GenerationRequest) -> str | None:
+def _num_prompt_tokens(limits: ModelLimits, req: GenerationRequest) -> tuple[str, int]:
+    """The prompt's field and its tokens: a text's fewest (by its bytes), 0 if unknown."""
+    if req.prompt_token_ids is not None:
+        return "prompt_token_ids", len(req.prompt_token_ids)
+    if limits.max_bytes_per_token is None:
+        return "prompt", 0
+    if req.messages is not None:
+        # An assistant turn's text may be left out by a chat template (earlier reasoning).
+        texts = [m.content for m in req.messages if m.role != "assistant"]
+        return "messages", _fewest_tokens(texts, limits.max_bytes_per_token)
+    return "prompt", _fewest_tokens([req.prompt or ""], limits.max_bytes_per_token)
+
+
+def _fewest_tokens(texts: Iterable[str], max_bytes_per_token: int) -> int:
+    """The fewest tokens ``texts`` can be: their bytes but whitespace (a tokenizer may
+    strip or merge it), no token spelling more than ``max_bytes_per_token``."""
+    num_bytes = sum(len("".join(text.split()).encode()) for text in texts)
+    return math.ceil(num_bytes / max_bytes_per_token)
+
+
+def _embed_problem(limits: ModelLimits, req: GenerationRequest) -> Problem | None:
     size = limits.embedding_size
     if size is not None and req.dimensions is not None and req.dimensions > size:
-        return f"dimensions: {req.dimensions} is more than the model's {size}"
-    num_prompt = len(req.prompt_token_ids or ())
-    if num_prompt >= limits.max_model_len:
         return (
-            f"prompt_token_ids: {num_prompt} tokens to embed, over the model's context of "
-            f"{limits.max_model_len}"
+            RefusalCode.INVALID_VALUE,
+            "dimensions",
+            f"dimensions: {req.dimensions} is more than the model's {size}",
+        )
+    field, num_prompt = _num_prompt_tokens(limits, req)
+    if num_prompt >= limits.max_model_len:
+        at_least = "" if field == "prompt_token_ids" else "at least "
+        return (
+            RefusalCode.CONTEXT_LENGTH_EXCEEDED,
+            field,
+            f"{field}: {at_least}{num_prompt} tokens to embed, over the model's context of "
+            f"{limits.max_model_len}",
         )
     return None

@@ -18,6 +18,7 @@ from pydantic import (
 
 from shared.guided import UnsupportedSchema, check_json_schema
 from shared.priority import Priority, parse_priority
+from shared.refusal import Refusal
 from shared.tracing import check_traceparent
 
 SCHEMA_VERSION = 1
@@ -588,6 +589,7 @@ class FinalEvent(_Strict):
     )
     detokenized: str | None = Field(None, description="a detokenize request's ids as text")
     stop_sequence: str | None = Field(None, description="the stop string that ended it, if one did")
+    refusal: Refusal | None = Field(None, description="why the worker refused the request")
 
 
 Event = Annotated[TokenEvent | FinalEvent, Field(discriminator="type")]
@@ -611,6 +613,7 @@ class Result(_Strict):
     error: str | None = None
     embedding: tuple[float, ...] | None = None
     prompt_logprobs: tuple[dict[str, Any], ...] | None = None
+    refusal: Refusal | None = None
 
 
 def dumps(model: BaseModel) -> bytes:

@@ -84,6 +84,7 @@ def result_from_hash(request_id: str, h: dict[str, str]) -> Result | None:
         error=final.error,
         embedding=final.embedding,
         prompt_logprobs=final.prompt_logprobs,
+        refusal=final.refusal,
     )
 
 

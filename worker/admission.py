@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from shared.cache_scope import cache_salt
 from shared.models import FunctionSpec, GenerationRequest
+from shared.refusal import invalid
 from worker.engine.request import EngineRequest, LoraRef
 from worker.held import Held
 from worker.prefix_cuts import Encoder as TextEncoder
@@ -68,15 +69,16 @@ def _template_tool(function: FunctionSpec) -> dict[str, Any]:
 
 
 def checked_token_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
-    """``token_ids`` when every one is in the vocabulary; ValueError naming the first
+    """``token_ids`` when every one is in the vocabulary; RequestRefused naming the first
     that is not (the wire schema has already refused negative ones)."""
     if not token_ids or max(token_ids) < vocab_size:
         return list(token_ids)
     for at, token_id in enumerate(token_ids):
         if token_id >= vocab_size:
-            raise ValueError(
+            raise invalid(
+                "prompt_token_ids",
                 f"prompt_token_ids[{at}] is {token_id}, outside the model's vocabulary of "
-                f"{vocab_size} tokens (ids 0..{vocab_size - 1})"
+                f"{vocab_size} tokens (ids 0..{vocab_size - 1})",
             )
     return list(token_ids)  # not reached: the max was out of range
 
@@ -87,8 +89,8 @@ def lora_ref(queue: ModelQueue, req: GenerationRequest) -> LoraRef | None:
         return None
     adapter = queue.lora(req.lora)
     if adapter is None:
-        raise ValueError(
-            f"LoRA adapter {req.lora!r} is no longer registered for model {queue.model!r}"
+        raise invalid(
+            "lora", f"LoRA adapter {req.lora!r} is no longer registered for model {queue.model!r}"
         )
     return LoraRef(adapter.name, adapter.path)
 

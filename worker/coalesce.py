@@ -145,5 +145,6 @@ def merge(group: list[RequestOutput]) -> RequestOutput:
         stop_sequence=last.stop_sequence,
         num_prefix_queried_tokens=last.num_prefix_queried_tokens,
         num_prefix_hit_tokens=last.num_prefix_hit_tokens,
+        refusal=last.refusal,
         steps=[(len(o.new_token_ids), len(o.text)) for o in steps] if len(steps) > 1 else None,
     )

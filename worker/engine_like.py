@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from shared.models import FinishReason
+from shared.refusal import Refusal, RefusalCode, RequestRefused
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
@@ -18,15 +19,27 @@ class EngineGone(RuntimeError):
     resume its requests."""
 
 
-def admission_error(request_id: str, e: Exception) -> str:
+class AdmissionError(NamedTuple):
+    """What a request the engine would not take ends with: its error text, and its
+    refusal when it was the request's own fault."""
+
+    error: str
+    refusal: Refusal | None
+
+
+def admission_error(request_id: str, e: Exception) -> AdmissionError:
     """What a request ends with when the engine would not take it (logged here): its
-    own fault (a ValueError from the engine, its chat template or its grammar), or
-    the worker's failure on it."""
+    own fault (``RequestRefused`` from the engine, its chat template, its grammar or
+    the adapter registry; any other ValueError names no field), or the worker's
+    failure on it."""
     if isinstance(e, ValueError):
         log.warning("request %s cannot run: %r", request_id, e)
-        return f"cannot run this request: {e}"
+        if isinstance(e, RequestRefused):
+            return AdmissionError(e.refusal.error_text, e.refusal)
+        refusal = Refusal(code=RefusalCode.INVALID_VALUE, param=None, message=str(e))
+        return AdmissionError(refusal.error_text, refusal)
     log.warning("request %s failed at admission: %r", request_id, e)
-    return f"internal error: at admission: {e!r}"
+    return AdmissionError(f"internal error: at admission: {e!r}", None)
 
 
 class EngineLike(Protocol):

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from multiprocessing.connection import Connection
 from operator import attrgetter
 from typing import Any
@@ -43,9 +44,9 @@ from shared.models import FinishReason
 from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
 from worker.engine.outputs import RequestOutput
-from worker.engine.prompt_tokens import TokenizerPrompts
+from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
 from worker.engine.request import EngineRequest
-from worker.engine_like import EngineGone, admission_error
+from worker.engine_like import AdmissionError, EngineGone, admission_error
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,12 @@ class EngineProcess(TokenizerPrompts):
             max_model_len=self.max_model_len,
             embedding_size=self.embedding_size,
             guided=guided,
+            max_bytes_per_token=self._max_bytes_per_token,
         )
+
+    @cached_property
+    def _max_bytes_per_token(self) -> int:
+        return max_bytes_per_token(self.tokenizer)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the child once it has finished the step it runs (its pipe closed, so
@@ -375,7 +381,7 @@ def _apply(engine: Any, message: tuple[Any, ...]) -> RequestOutput | None:
     return None
 
 
-def _refusal(req: EngineRequest, error: str) -> RequestOutput:
+def _refusal(req: EngineRequest, failed: AdmissionError) -> RequestOutput:
     return RequestOutput(
         request_id=req.request_id,
         index=len(req.output_token_ids),
@@ -385,7 +391,8 @@ def _refusal(req: EngineRequest, error: str) -> RequestOutput:
         logprobs=None,
         num_prompt_tokens=len(req.prompt_token_ids),
         num_output_tokens=len(req.output_token_ids),
-        error=error,
+        error=failed.error,
+        refusal=failed.refusal,
     )
 
 

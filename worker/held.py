@@ -9,6 +9,7 @@ import orjson
 
 from shared.models import FinalEvent, FinishReason, GenerationRequest, RequestState, Usage
 from shared.ops.claim import Claimed
+from shared.refusal import Refusal
 
 STATE_OF_REASON = {
     FinishReason.STOP: RequestState.FINISHED,
@@ -60,6 +61,7 @@ class Held:
         embedding: list[float] | None = None,
         prompt_logprobs: list[dict[str, Any]] | None = None,
         stop_sequence: str | None = None,
+        refusal: Refusal | None = None,
     ) -> FinalEvent:
         usage = Usage(
             prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.token_ids) + num_more
@@ -73,6 +75,7 @@ class Held:
             embedding=vector,
             prompt_logprobs=scores,
             stop_sequence=stop_sequence,
+            refusal=refusal,
         )
 
 

@@ -25,6 +25,7 @@ from enum import Enum
 from shared.models import FinishReason
 from shared.ops.moves import Fate
 from shared.ops.publish import Final, Finish, PublishCode, TokenPublish, Written, slot_of
+from shared.refusal import Refusal
 from worker.coalesce import step_wire
 from worker.engine.outputs import RequestOutput
 from worker.held import STATE_OF_REASON, Held
@@ -118,16 +119,22 @@ def final_of(
     embedding = more.embedding if more is not None else None
     scores = more.prompt_logprobs if more is not None else None
     stop = more.stop_sequence if more is not None else None
-    final = held.final(reason, len(ids), error, embedding, scores, stop)
+    refusal = more.refusal if more is not None else None
+    final = held.final(reason, len(ids), error, embedding, scores, stop, refusal)
     return Final.of(final, held.output_json(ids, text), _fate(reason, state))
 
 
 def finish_of(
-    held: Held, reason: FinishReason, error: str, state: Fate | None, num_published: int | None
+    held: Held,
+    reason: FinishReason,
+    error: str,
+    state: Fate | None,
+    num_published: int | None,
+    refusal: Refusal | None = None,
 ) -> Finish:
     """A final outside a write (a request that cannot run), once its stream holds
     ``num_published`` tokens (None: whatever it holds)."""
-    final = held.final(reason, error=error)
+    final = held.final(reason, error=error, refusal=refusal)
     return Finish(held.request_id, held.lease_token, final, held.output_json(),
                   _fate(reason, state), num_published)  # fmt: skip
 

@@ -22,6 +22,7 @@ from shared.ops.moves import Fate
 from shared.ops.publish import Finish, Written
 from shared.ops.warm import MAX_WARM
 from shared.prefixes import fingerprints
+from shared.refusal import Refusal
 from shared.settings import Settings
 from worker.admission import engine_request, restore
 from worker.coalesce import Coalescer
@@ -433,10 +434,10 @@ class WorkerService:
         except (*REDIS_ERRORS, EngineGone):
             raise  # not the request's fault: its lease lapses and it runs again
         except Exception as e:  # refused, or the worker's failure: this request's alone
-            error = admission_error(held.request_id, e)
+            error, refusal = admission_error(held.request_id, e)
             if self.traces is not None:
                 self.traces.admitted(claimed, held, started_ns, error)
-            self._end_now(held, FinishReason.ERROR, error)
+            self._end_now(held, FinishReason.ERROR, error, refusal=refusal)
             return
         if self.traces is not None:
             self.traces.admitted(claimed, held, started_ns)
@@ -449,7 +450,8 @@ class WorkerService:
         try:
             final = tokenizer_answer(self.engine, held.request)
         except Exception as e:  # this request's alone, as at admission
-            self._end_now(held, FinishReason.ERROR, admission_error(held.request_id, e))
+            error, refusal = admission_error(held.request_id, e)
+            self._end_now(held, FinishReason.ERROR, error, refusal=refusal)
             return
         output = held.output_json()
         self.queue.finish_now(held, Finish(held.request_id, held.lease_token, final, output,
@@ -476,12 +478,14 @@ class WorkerService:
         error: str,
         state: Fate | None = None,
         whole_stream: bool = False,
+        refusal: Refusal | None = None,
     ) -> None:
         """End ``held`` before it ran here: a dead letter (or ``whole_stream``) whatever
         its stream holds, any other end once its stream holds what was restored (no gap
         before the final)."""
         num_published = None if state is Fate.DEAD or whole_stream else len(held.token_ids)
-        self.queue.finish_now(held, finish_of(held, reason, error, state, num_published))
+        finish = finish_of(held, reason, error, state, num_published, refusal)
+        self.queue.finish_now(held, finish)
         with self.held_lock:
             self.held.pop(held.request_id, None)
 

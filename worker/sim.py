@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.models import FinishReason
+from shared.refusal import invalid, too_long
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
@@ -109,9 +110,10 @@ class SimEngine:
 
     def add_request(self, req: EngineRequest) -> None:
         if req.embed:
-            raise ValueError("a simulated model computes no embeddings; use a real model")
+            raise invalid("task", "a simulated model computes no embeddings; use a real model")
         if len(req.prompt_token_ids) >= self.sim.max_model_len:
-            raise ValueError(f"prompt of {len(req.prompt_token_ids)} tokens exceeds the context")
+            num_prompt = len(req.prompt_token_ids)
+            raise too_long("prompt", f"prompt of {num_prompt} tokens exceeds the context")
         self.running[req.request_id] = req
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:

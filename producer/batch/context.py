@@ -18,6 +18,7 @@ from rq.serializers import JSONSerializer
 from shared.connection import cluster_url, connect, is_cluster
 from shared.errors import TokenqError
 from shared.keys import BatchKeys, Keys
+from shared.limits import LimitsCache
 from shared.replication import Replicas
 from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
@@ -44,6 +45,7 @@ class Context:
         self.bkeys = BatchKeys(self.settings.namespace)
         self.main: Redis = self.tokenq if self.tokenq is not None else self.redis
         self.scripts = Scripts(self.main, Replicas.of(self.settings))
+        self.limits = LimitsCache(self.main, self.keys)  # what the models' workers take
 
     def batch_queue(self) -> Queue:
         return rq_queue(self.redis, self.bkeys.batch_queue())

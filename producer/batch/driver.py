@@ -20,10 +20,12 @@ from producer.batch.lines import BatchLine
 from producer.batch.models import BatchState
 from producer.batch.output import error_line, refused_line
 from producer.requests import choice_requests
+from shared.errors import MissingCapability
 from shared.flows import Enqueued, drive, ended_flow, enqueue_flow, refusal
 from shared.models import TENANT, GenerationRequest
 from shared.ops.moves import EndScript
 from shared.ops.submit import EnqueueOutcome
+from shared.refusal import RequestRefused
 
 FAN_OUT_CHUNK = 100
 # The error line of a line a batch never sent, by how the batch ended.
@@ -86,16 +88,33 @@ def fan_out(ctx: Context, batch_id: str, m: dict[str, str]) -> int:
         return 0
     lines = store.read_lines(ctx, batch_id, cursor, min(room, FAN_OUT_CHUNK))
     tenant = m.get("tenant") or None
+    over = _over_limits(ctx, lines)
     requests = [
         r
         for line in lines
-        if line.request is not None
+        if line.request is not None and line.custom_id not in over
         for r in _requests(batch_id, int(m["priority"]), tenant, line, line.request)
     ]
     enqueued = (
         drive(ctx.scripts, enqueue_flow(ctx.keys, ctx.settings, requests)) if requests else []
     )
-    return _record_fan_out(ctx, batch_id, cursor, lines, enqueued)
+    return _record_fan_out(ctx, batch_id, cursor, lines, enqueued, over)
+
+
+def _over_limits(ctx: Context, lines: list[BatchLine]) -> dict[str, bytes]:
+    """The error line of each line its model's registered limits refuse (the check
+    every submit path runs), by custom_id: it is never queued."""
+    over: dict[str, bytes] = {}
+    for line in lines:
+        if line.request is None:
+            continue
+        try:
+            ctx.limits.check([line.request])
+        except RequestRefused as e:
+            over[line.custom_id] = error_line(line.custom_id, e.refusal.code.value, str(e))
+        except MissingCapability:
+            continue  # the enqueue refuses it, naming what no worker serves
+    return over
 
 
 def _num_in_flight(ctx: Context, batch_id: str) -> int:
@@ -118,19 +137,26 @@ def _requests(
 
 
 def _record_fan_out(
-    ctx: Context, batch_id: str, cursor: int, lines: list[BatchLine], enqueued: list[Enqueued]
+    ctx: Context,
+    batch_id: str,
+    cursor: int,
+    lines: list[BatchLine],
+    enqueued: list[Enqueued],
+    over: dict[str, bytes],
 ) -> int:
     """Record what was enqueued; the cursor stops at the first line that did not fit.
     Lines after it that did fit (a worker made room meanwhile), and the choices of a line
     that partly fit, are recorded too, so a cancel finds them; the next round enqueues
     them again and gets the same requests."""
     pending: dict[str, str] = {}
-    failed: dict[str, bytes] = {}
+    failed: dict[str, bytes] = dict(over)  # refused before they were queued
     taken = len(lines)
     replies = iter(enqueued)
     for i, line in enumerate(lines):
         if line.request is None:
             failed[line.custom_id] = refused_line(line)
+            continue
+        if line.custom_id in over:
             continue
         choices = [next(replies) for _ in range(line.n)]
         if any(e.refused is EnqueueOutcome.FULL for e in choices):

@@ -47,6 +47,7 @@ def _final(result: Result) -> FinalEvent:
         usage=result.usage,
         timings=result.timings,
         error=result.error,
+        refusal=result.refusal,
     )
 
 

@@ -15,6 +15,7 @@ from producer.gateway.config import GatewayConfig
 from producer.gateway.errors import ApiError
 from producer.gateway.hub import StreamHub, parse_cursor, parse_gateway_entry
 from producer.gateway.metrics import GatewayMetrics
+from producer.gateway.refused import refused
 from producer.gateway.registry import ModelRegistry
 from producer.gateway.tracing import StreamTraces, with_incoming
 from producer.requests import validate_request
@@ -23,10 +24,12 @@ from producer.traced import submit_spans
 from shared.errors import NotFound
 from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_flow
 from shared.keys import Keys
+from shared.limits import AsyncLimitsCache
 from shared.loras import split_model
 from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest, RequestStatus, Result
 from shared.ratelimit import headers, limited_enqueue_flow, rate_limited
 from shared.reads import run_read_async, view_read
+from shared.refusal import RequestRefused
 from shared.replication import Replicas
 from shared.replies import text
 from shared.scripts import AsyncScripts
@@ -57,6 +60,7 @@ class Backend:
         self.hub = hub
         self.metrics = metrics
         self.registry = ModelRegistry(connection, self.keys, config.models_cache_s)
+        self.limits = AsyncLimitsCache(connection, self.keys)  # what the model's workers take
         self._scripts = AsyncScripts(connection, Replicas.of(settings))
         self.traces = StreamTraces(connection, self.keys)
 
@@ -65,10 +69,16 @@ class Backend:
     ) -> Submitted:
         """Enqueue ``request``; UnknownModel (404) for a model no worker has served lately
         (the enqueue script decides, per TOKENQ_REQUIRE_KNOWN_MODEL); RateLimited (429)
-        when the caller's key is over a limit. The caller's key sets its weight."""
+        when the caller's key is over a limit; a 400 in ``api``'s shape, naming the
+        field, for what the model's registered limits refuse. The caller's key sets its
+        weight."""
         if caller is not None:
             request = weighted(request, caller.weight)
         request = with_incoming(validate_request(self.settings, request))
+        try:  # what no worker of the model would run is refused before it is queued
+            await self.limits.check([request])
+        except RequestRefused as e:
+            raise refused(e, api) from e
         with submit_spans([request]) as traced:
             request = traced.requests[0]
             enqueued, rate_headers = await self._enqueue(request, caller)

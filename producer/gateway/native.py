@@ -21,11 +21,12 @@ from producer.gateway.errors import (
     map_tokenq_error,
 )
 from producer.gateway.hub import parse_cursor
+from producer.gateway.refused import NATIVE_NAMES
 from producer.gateway.sse import KEEPALIVE, SSEResponse, frame
 from producer.gateway.tracing import TRACEPARENT
 from producer.openai.requests import deadline_ms
 from producer.openai.schemas import CACHE_SALT_DOC, PRIORITY_DOC
-from producer.refusals import SAMPLING_FIELDS, refusal_of
+from producer.refusals import refusal_of
 from shared.errors import TokenqError
 from shared.keys import REQUEST_ID_RE
 from shared.models import (
@@ -149,10 +150,6 @@ def _error_of(result: Result | None) -> ErrorDetail | None:
     return ErrorDetail(
         message=refusal.message, type="invalid_request_error", param=param, code=refusal.code
     )
-
-
-# A refusal names a sampling field by its own name; the native body nests it.
-NATIVE_NAMES = {name: f"sampling.{name}" for name in SAMPLING_FIELDS}
 
 
 @router.delete(

@@ -33,7 +33,13 @@ class PublishCode(IntEnum):
 # FinalEvent fields newer than the gateways of the release before (whose FinalEvent
 # refuses fields it does not know): written only when set, so those gateways still read
 # every final a worker writes during a rolling upgrade.
-UNSET_LEFT_OUT = ("prompt_token_ids", "detokenized", "stop_sequence", "prompt_logprobs")
+UNSET_LEFT_OUT = (
+    "prompt_token_ids",
+    "detokenized",
+    "stop_sequence",
+    "prompt_logprobs",
+    "refusal",
+)
 
 
 @dataclass(frozen=True)

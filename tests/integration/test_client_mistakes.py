@@ -126,18 +126,27 @@ def test_a_streamed_or_background_response_fails_with_invalid_prompt(
 
 
 def test_the_native_view_names_the_sampling_field(stack: tuple[openai.OpenAI, str]) -> None:
+    """A token id outside the vocabulary is refused at submit (the worker registered its
+    vocabulary); a regex only the worker's grammar can judge fails the request, and its
+    view names the field the same way."""
     _, url = stack
     body = {"prompt": "hi", "sampling": {"max_tokens": 4, "logit_bias": {"999999": 5}}}
+    lookbehind = {"prompt": "hi", "sampling": {"max_tokens": 4, **LOOKBEHIND}}
     with httpx.Client(base_url=url, timeout=30) as http:
-        request_id = http.post("/v1/requests", json=body).json()["id"]
+        refused = http.post("/v1/requests", json=body)
+        request_id = http.post("/v1/requests", json=lookbehind).json()["id"]
         deadline = time.monotonic() + 60
         while (view := http.get(f"/v1/requests/{request_id}").json())["result"] is None:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert refused.json()["error"]["param"] == "sampling.logit_bias"
+    assert "vocabulary" in refused.json()["error"]["message"]
     assert view["state"] == "failed"  # its own end: not dead-lettered, not retried
     assert view["error"]["type"] == "invalid_request_error"
-    assert view["error"]["param"] == "sampling.logit_bias"
-    assert "vocabulary" in view["error"]["message"]
+    assert view["error"]["param"] == "sampling.guided_regex"
+    assert "constrained decoding" in view["error"]["message"]
 
 
 def test_the_worker_serves_on(stack: tuple[openai.OpenAI, str]) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from functools import cached_property
 from typing import Any
 
 from shared.limits import ModelLimits
 from shared.models import FinishReason
+from shared.refusal import invalid, too_long
 from worker.engine.config import EngineConfig
 from worker.engine.grammar import CompilingRequests, Grammars
 from worker.engine.kv_cache import KVCacheManager
@@ -24,7 +26,7 @@ from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, Sch
 from worker.engine.overlap import InFlight
 from worker.engine.pooling import Pooler
 from worker.engine.prompt_logprobs import PromptScores, add_step_scores, check_prompt_length
-from worker.engine.prompt_tokens import TokenizerPrompts
+from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
 from worker.engine.request import EngineRequest, SeqStatus, Sequence
 from worker.engine.runner_support import device_broken
 from worker.engine.schedule_events import ScheduleEvents
@@ -117,7 +119,12 @@ class Engine(TokenizerPrompts):
             max_model_len=self.max_model_len,
             embedding_size=self.runner.hidden_size,
             guided=guided,
+            max_bytes_per_token=self._max_bytes_per_token,
         )
+
+    @cached_property
+    def _max_bytes_per_token(self) -> int:
+        return max_bytes_per_token(self.tokenizer)
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -128,7 +135,8 @@ class Engine(TokenizerPrompts):
         return self.kv_cache.num_blocks * block_bytes + state_bytes
 
     def add_request(self, req: EngineRequest) -> None:
-        """Queue ``req`` for the next steps; raises ``ValueError`` when it cannot run.
+        """Queue ``req`` for the next steps; raises ``RequestRefused`` (a ValueError)
+        naming the field at fault when it cannot run.
         A guided request whose grammar is not compiled yet joins a later step (or ends
         there with the compile's error)."""
         self._validate(req)
@@ -291,7 +299,7 @@ class Engine(TokenizerPrompts):
 
     def _validate(self, req: EngineRequest) -> None:
         if not req.prompt_token_ids:
-            raise ValueError(f"request {req.request_id}: the prompt has no tokens")
+            raise invalid("prompt", "prompt: it has no tokens")
         if req.request_id in self.outputs or req.request_id in self.compiling:
             raise ValueError(f"request {req.request_id} is already in the engine")
         if req.lora is not None:
@@ -304,16 +312,18 @@ class Engine(TokenizerPrompts):
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
         limit, what = self._context_limit()
         if num_tokens >= self.max_model_len or num_needed > self.max_model_len:
-            raise ValueError(
-                f"request {req.request_id}: {len(req.prompt_token_ids)} prompt tokens and "
+            param = "prompt" if len(req.prompt_token_ids) >= limit else "max_tokens"
+            raise too_long(
+                param,
+                f"{param}: {len(req.prompt_token_ids)} prompt tokens and "
                 f"max_tokens {req.sampling.max_tokens} need {num_needed} tokens of context, "
-                f"over the {limit} that {what}; shorten the prompt or lower max_tokens"
+                f"over the {limit} that {what}; shorten the prompt or lower max_tokens",
             )
         self._check_vocab(req)
 
     def _check_vocab(self, req: EngineRequest) -> None:
-        """Every token id the request names is in the vocabulary (ValueError naming the
-        field and the limit)."""
+        """Every token id the request names is in the vocabulary (RequestRefused naming
+        the field and the limit)."""
         sampling = req.sampling
         for field, ids in (
             ("logit_bias", sampling.logit_bias),
@@ -321,20 +331,22 @@ class Engine(TokenizerPrompts):
         ):
             too_big = [t for t in ids if t >= self.vocab_size]
             if too_big:
-                raise ValueError(
-                    f"request {req.request_id}: {field} token id {too_big[0]} is not in this "
-                    f"model's vocabulary of {self.vocab_size} tokens (ids 0..{self.vocab_size - 1})"
+                raise invalid(
+                    field,
+                    f"{field}: token id {too_big[0]} is not in this model's vocabulary of "
+                    f"{self.vocab_size} tokens (ids 0..{self.vocab_size - 1})",
                 )
 
     def _check_lora(self, req: EngineRequest) -> None:
-        """The adapter is read now (AdapterError, a ValueError, if it cannot be served)."""
+        """The adapter is read now (refused naming ``lora`` if it cannot be served)."""
         store, lora = self.runner.lora, req.lora
         if store is None or lora is None:
-            raise ValueError(
-                f"request {req.request_id}: this worker serves no LoRA adapters "
-                "(--max-loras is 0, or the model is not Llama-shaped)"
+            raise invalid(
+                "lora",
+                "lora: this worker serves no LoRA adapters "
+                "(--max-loras is 0, or the model is not Llama-shaped)",
             )
-        store.check(lora)
+        store.check(lora)  # AdapterError, a RequestRefused naming lora
 
     def lora_rank_limit(self) -> int:
         """The largest adapter rank this engine serves, 0 when it serves none: the worker
@@ -352,15 +364,17 @@ class Engine(TokenizerPrompts):
     def _validate_embed(self, req: EngineRequest) -> None:
         limit, what = self._context_limit()
         if len(req.prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"request {req.request_id}: the text to embed is {len(req.prompt_token_ids)} "
-                f"tokens, over the {limit} that {what}; shorten it"
+            raise too_long(
+                "prompt",
+                f"prompt: the text to embed is {len(req.prompt_token_ids)} "
+                f"tokens, over the {limit} that {what}; shorten it",
             )
         size = self.runner.hidden_size
         if req.dimensions is not None and req.dimensions > size:
-            raise ValueError(
-                f"request {req.request_id}: dimensions {req.dimensions} is more than this "
-                f"model's {size}; ask for {size} or fewer"
+            raise invalid(
+                "dimensions",
+                f"dimensions {req.dimensions} is more than this model's {size}: "
+                f"ask for {size} or fewer",
             )
 
     def _context_limit(self) -> tuple[int, str]:

@@ -28,6 +28,7 @@ import torch
 
 from shared.guided import schema_key
 from shared.models import GUIDES, FinishReason, SamplingParams
+from shared.refusal import RefusalCode, RequestRefused
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
 
@@ -54,8 +55,12 @@ def grammar_backend_problem() -> str | None:
     return None
 
 
-class GrammarError(ValueError):
-    """A guided_json / guided_regex that cannot be compiled into a grammar."""
+class GrammarError(RequestRefused):
+    """A guided_json / guided_regex that cannot be compiled into a grammar; ``param``
+    is the guided field at fault (None when the worker serves none)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(RefusalCode.INVALID_VALUE, param, message)
 
 
 class GrammarState:
@@ -103,7 +108,9 @@ class Grammars:
         self._pool = ThreadPoolExecutor(num_compile_threads, thread_name_prefix="grammar-compile")
         self._compiled: OrderedDict[str, Future[Any]] = OrderedDict()
 
-    def give_up(self, params: SamplingParams, future: Future[Any], error: str | None) -> None:
+    def give_up(
+        self, params: SamplingParams, future: Future[Any], error: GrammarError | None
+    ) -> None:
         """No request waits for ``future`` any more: cancel it if it has not started
         (forgotten, so a later request compiles it afresh). With ``error`` (it ran out
         of time, and would again) later requests for the same grammar are refused at
@@ -116,7 +123,7 @@ class Grammars:
                 del self._compiled[source]
             elif error is not None:
                 failed: Future[Any] = Future()
-                failed.set_exception(GrammarError(error))
+                failed.set_exception(error)
                 self._compiled[source] = failed
 
     @property
@@ -173,7 +180,7 @@ class Grammars:
                 )
             return compiler.compile_regex(params.guided_regex)
         except RuntimeError as e:
-            raise GrammarError(_describe(params, e)) from e
+            raise GrammarError(_describe(params, e), _guide(params)) from e
 
 
 class CompilingRequests:
@@ -205,7 +212,9 @@ class CompilingRequests:
         self._since[req.request_id] = time.monotonic()
         return False
 
-    def abort(self, request_id: str, reason: FinishReason, error: str | None = None) -> bool:
+    def abort(
+        self, request_id: str, reason: FinishReason, error: GrammarError | None = None
+    ) -> bool:
         """End a waiting request at the next ``take``; False when it is not here. A
         compile no request waits for any more is given up."""
         entry = self._waiting.pop(request_id, None)
@@ -222,10 +231,11 @@ class CompilingRequests:
         """End the requests whose grammar has compiled for longer than the limit."""
         for request_id, (req, future) in list(self._waiting.items()):
             if not future.done() and now_s - self._since[request_id] > self.timeout_s:
-                field = next(name for name in GUIDES if getattr(req.sampling, name) is not None)
-                error = (
+                field = _guide(req.sampling)
+                error = GrammarError(
                     f"{field}: its grammar did not compile within the worker's limit of "
-                    f"{self.timeout_s:g} s; simplify it (fewer anyOf branches, smaller enums)"
+                    f"{self.timeout_s:g} s; simplify it (fewer anyOf branches, smaller enums)",
+                    field,
                 )
                 self.abort(request_id, FinishReason.ERROR, error)
 
@@ -255,18 +265,32 @@ class CompilingRequests:
         try:
             req.grammar = self.grammars.follow(future.result(), req.output_token_ids)
         except GrammarError as e:
-            self._ended.append(_ended(req, FinishReason.ERROR, str(e)))
+            self._ended.append(_ended(req, FinishReason.ERROR, e))
         except Exception as e:  # the grammar backend itself failed: this request's end
             log.warning("grammar for request %s failed: %r", req.request_id, e)
             error = f"internal error: its grammar could not be built: {e!r}"
             self._ended.append(_ended(req, FinishReason.ERROR, error))
 
 
-def _ended(req: EngineRequest, reason: FinishReason, error: str | None = None) -> RequestOutput:
+def _ended(
+    req: EngineRequest, reason: FinishReason, error: str | GrammarError | None = None
+) -> RequestOutput:
+    """``req``'s end; a ``GrammarError`` ends it refused (its text and its refusal)."""
     num_output = len(req.output_token_ids)
     num_prompt = len(req.prompt_token_ids)
+    refusal = error.refusal if isinstance(error, GrammarError) else None
+    text = None if error is None else str(error)
     return RequestOutput(
-        req.request_id, num_output, [], "", reason, None, num_prompt, num_output, error
+        req.request_id,
+        num_output,
+        [],
+        "",
+        reason,
+        None,
+        num_prompt,
+        num_output,
+        text,
+        refusal=refusal,
     )
 
 
@@ -281,7 +305,12 @@ def _source(params: SamplingParams) -> str:
     raise GrammarError("the request has no guided_json, guided_regex or guided_structural_tag")
 
 
+def _guide(params: SamplingParams) -> str:
+    """The guided field ``params`` sets."""
+    return next(name for name in GUIDES if getattr(params, name) is not None)
+
+
 def _describe(params: SamplingParams, error: RuntimeError) -> str:
-    field = next(name for name in GUIDES if getattr(params, name) is not None)
+    field = _guide(params)
     detail = _CPP_PREFIX.sub("", str(error).strip().splitlines()[0])
     return f"{field}: cannot be used for constrained decoding: {detail}"

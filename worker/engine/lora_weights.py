@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from shared.refusal import RefusalCode, RequestRefused
+
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 # Adapters train projections of a decoder layer's attention or MLP; which of them a
@@ -25,8 +27,12 @@ CONFIG_FILE = "adapter_config.json"
 _KEY_RE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 
 
-class AdapterError(ValueError):
-    """An adapter that cannot be read or applied; the message says why."""
+class AdapterError(RequestRefused):
+    """An adapter that cannot be read or applied; the message says why (a request that
+    names it is refused naming ``lora``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(RefusalCode.INVALID_VALUE, "lora", message)
 
 
 @dataclass

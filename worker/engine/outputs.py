@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.models import FinishReason
+from shared.refusal import Refusal
 from worker.engine.request import Sequence
 
 
@@ -109,6 +110,7 @@ class RequestOutput:
     # A request's last output: its prefix-cache lookups' tokens, queried and found cached.
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    refusal: Refusal | None = None  # set when ``error`` is the request's own mistake
 
     @property
     def finished(self) -> bool:

@@ -8,6 +8,8 @@ from typing import Any
 
 import jinja2
 
+from shared.refusal import invalid
+
 
 def encode_chat(
     tokenizer: Any,
@@ -28,7 +30,7 @@ def encode_chat(
             **(template_kwargs or {}),
         )
     except jinja2.TemplateError as e:  # the template's own refusal: the request's fault
-        raise ValueError(f"the model's chat template refused these messages: {e}") from e
+        raise invalid("messages", f"the model's chat template refused these messages: {e}") from e
     # What tokenize=True gives (the rendered text, no special tokens added), cheaper.
     return encode_text(tokenizer, str(text), add_special_tokens=False)
 
@@ -68,3 +70,11 @@ class TokenizerPrompts:
     ) -> list[int]:
         """The chat prompt's tokens (``encode_chat``, above)."""
         return encode_chat(self.tokenizer, messages, tools, template_kwargs)
+
+
+def max_bytes_per_token(tokenizer: Any) -> int:
+    """The most UTF-8 bytes, whitespace aside, one token of ``tokenizer`` spells: no
+    text of n such bytes is fewer than n / this tokens (``shared.limits``)."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    spelled = (tokenizer.convert_tokens_to_string([t]) for t in tokens if t)
+    return max(1, *(len("".join(text.split()).encode()) for text in spelled))
