@@ -55,16 +55,25 @@ async def ask_tokenizer(
     gen = await backend.with_adapter(gen)
     # An adapter shares its base's tokenizer: any worker of the base answers.
     gen = gen.model_copy(update={"lora": None})
-    submitted = await backend.submit(gen, api=api, caller=caller)
+    try:
+        submitted = await backend.submit(gen, api=api, caller=caller)
+    except ApiError as e:  # refused at submit by the model's limits: the route's names
+        _renamed(e, names)
+        raise
     final = await unless_disconnected(request, _final(backend, submitted.request_id))
     if final is None:
         await backend.cancel(submitted.request_id)
         raise ApiError(CLIENT_CLOSED, "the client closed the request", code="client_closed")
     error = failure(final, api)
     if error is not None:
-        error.detail.param = names.get(error.detail.param or "", error.detail.param)
-        raise error
+        raise _renamed(error, names)
     return final
+
+
+def _renamed(error: ApiError, names: Mapping[str, str]) -> ApiError:
+    """``error`` with its field named as the route names it."""
+    error.detail.param = names.get(error.detail.param or "", error.detail.param)
+    return error
 
 
 async def max_model_len(backend: Backend, model: str) -> int | None:

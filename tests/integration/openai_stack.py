@@ -15,6 +15,7 @@ import openai
 import pytest
 import redis
 
+from shared.limits import registered_limits
 from shared.settings import DEFAULT_MODEL
 from tests.producer.gateway.process import gateway_process
 
@@ -41,6 +42,7 @@ def openai_stack(
         try:
             with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as c:
                 _wait_for_worker(c, served_name or model, worker, log_path)
+                wait_for_limits(redis_url, served_name or model)
                 yield c
         finally:
             worker.send_signal(signal.SIGKILL)
@@ -57,3 +59,14 @@ def _wait_for_worker(
             return
         time.sleep(0.2)
     pytest.fail("the worker did not register in 180s")
+
+
+def wait_for_limits(redis_url: str, model: str) -> None:
+    """Until the worker serves: it lists its model while it loads, and registers the
+    limits that submits are checked against (shared.limits) only once it serves."""
+    with redis.Redis.from_url(redis_url) as connection:
+        for _ in range(900):
+            if registered_limits(connection, model) is not None:
+                return
+            time.sleep(0.2)
+    pytest.fail("the worker did not register its limits in 180s")

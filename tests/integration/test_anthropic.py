@@ -19,7 +19,7 @@ import redis
 
 from producer.embedded import EmbeddedRedis
 from shared.settings import DEFAULT_MODEL
-from tests.integration.openai_stack import WORKER_ARGS
+from tests.integration.openai_stack import WORKER_ARGS, wait_for_limits
 from tests.producer.gateway.process import gateway_process
 
 pytestmark = pytest.mark.integration
@@ -51,6 +51,7 @@ def gateway_url(
         worker = subprocess.Popen([*cmd, "--redis", redis_server.url], stdout=log, stderr=log)
         try:
             _wait_for_worker(url, worker, log_path)
+            wait_for_limits(redis_server.url, DEFAULT_MODEL)
             yield url
         finally:
             worker.send_signal(signal.SIGKILL)
