@@ -3,6 +3,8 @@ and greedy references from transformers' own ``generate``."""
 
 from __future__ import annotations
 
+import gc
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,16 +29,26 @@ def model_path() -> str:
 EngineFactory = Callable[..., Engine]
 
 
+# Engines kept loaded at once: each holds the model and its KV cache, and the whole
+# suite runs in one process on a 24 GiB machine, so the least recently used is let go
+# (loaded again if a later test asks for it).
+MAX_CACHED_ENGINES = 3
+
+
 @pytest.fixture(scope="session")
 def make_engine(model_path: str) -> EngineFactory:
-    """Engines by configuration, loaded once per session and shared (each test
-    leaves its engine with nothing in flight)."""
-    cache: dict[tuple[tuple[str, Any], ...], Engine] = {}
+    """Engines by configuration, loaded once and shared while they stay among the
+    most recently used (each test leaves its engine with nothing in flight)."""
+    cache: OrderedDict[tuple[tuple[str, Any], ...], Engine] = OrderedDict()
 
     def make(**overrides: Any) -> Engine:
         key = tuple(sorted(overrides.items()))
         if key not in cache:
+            while len(cache) >= MAX_CACHED_ENGINES:
+                cache.popitem(last=False)
+                gc.collect()
             cache[key] = Engine(EngineConfig(model=model_path, **overrides))
+        cache.move_to_end(key)
         engine = cache[key]
         assert not engine.has_unfinished_requests(), "an earlier test left requests behind"
         return engine
