@@ -5,6 +5,7 @@ error that says what was wrong, or runs; none ends the engine."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from shared.models import FinishReason, GenerationRequest, dumps
+from shared.settings import Settings
 from worker.admission import engine_request
 from worker.engine import Engine
 from worker.held import Held
@@ -126,10 +128,12 @@ def validated(payload: dict[str, Any]) -> GenerationRequest | str:
 
 
 def admitted(engine: Engine, request: GenerationRequest, request_id: str) -> str | None:
-    """As the worker admits it (no adapter: the queue is not asked); the refusal, if any."""
+    """As the worker admits it (no adapter: the queue is asked only for its settings,
+    which give the cache salt); the refusal, if any."""
     held = Held(request_id, "lease", request)
+    queue = cast(Any, SimpleNamespace(settings=Settings()))
     try:
-        engine.add_request(engine_request(engine, cast(Any, None), held))
+        engine.add_request(engine_request(engine, queue, held))
     except ValueError as e:
         return str(e)
     return None
