@@ -35,7 +35,7 @@ from producer.gateway.openai_routes import (
 )
 from producer.gateway.sse import KEEPALIVE, SSEResponse, unless_disconnected
 from producer.gateway.tokenizer_calls import ask_tokenizer, tokenizer_request
-from shared.errors import NotFound, TokenqError
+from shared.errors import TokenqError
 from shared.models import FinalEvent
 
 router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
@@ -96,14 +96,9 @@ async def count_tokens(
 
 
 async def _collect(backend: Backend, submitted: Submitted, renderer: MessageRenderer) -> FinalEvent:
-    async for batch in backend.events(submitted.request_id):
-        for entry in batch:
-            if entry.is_final:
-                final = entry.final()
-                _record(backend, submitted, final)
-                return final
-            renderer.feed(entry)
-    raise NotFound(f"request {submitted.request_id} ended without a final event")
+    final = await backend.final(submitted.request_id, renderer.feed)
+    backend.finished(submitted, final)
+    return final
 
 
 async def _stream_unless_refused(
@@ -120,7 +115,7 @@ async def _stream_unless_refused(
         error = None if final is None else failure(final)
         if final is not None and error is not None and error.status == 400:
             await head.close()
-            _record(backend, submitted, final)
+            backend.finished(submitted, final)
             raise error
     return _stream(backend, submitted, renderer, headers, head)
 
@@ -143,7 +138,7 @@ def _stream(
                 chunks, final = renderer.render(batch)
                 if final is not None:
                     ended = True
-                    _record(backend, submitted, final)
+                    backend.finished(submitted, final)
                     yield chunks
                     return
                 yield chunks or KEEPALIVE
@@ -158,11 +153,6 @@ def _stream(
             await _client_left(backend, submitted)
 
     return SSEResponse(body(), headers=headers, on_disconnect=on_disconnect)
-
-
-def _record(backend: Backend, submitted: Submitted, final: FinalEvent) -> None:
-    if not submitted.duplicate:
-        backend.metrics.finished(submitted.request.model, submitted.request.priority, final)
 
 
 async def _client_left(backend: Backend, submitted: Submitted) -> None:

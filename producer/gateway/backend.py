@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -26,7 +26,14 @@ from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_f
 from shared.keys import Keys
 from shared.limits import AsyncLimitsCache
 from shared.loras import split_model
-from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest, RequestStatus, Result
+from shared.models import (
+    TENANT,
+    TENANT_WEIGHT,
+    FinalEvent,
+    GenerationRequest,
+    RequestStatus,
+    Result,
+)
 from shared.ratelimit import headers, limited_enqueue_flow, rate_limited
 from shared.reads import run_read_async, view_read
 from shared.refusal import RequestRefused
@@ -143,6 +150,25 @@ class Backend:
         empty batch marks a quiet spell (send a keep-alive); NotFound if the request
         vanishes meanwhile. Traced as a stream span when tracing is on."""
         return self.traces.stream(request_id, self._events(request_id, after))
+
+    async def final(
+        self, request_id: str, feed: Callable[[Entry], object] | None = None
+    ) -> FinalEvent:
+        """Read the request's stream to its final event, handing each entry before it to
+        ``feed``; NotFound if the stream ends without one."""
+        async for batch in self.events(request_id):
+            for entry in batch:
+                if entry.is_final:
+                    return entry.final()
+                if feed is not None:
+                    feed(entry)
+        raise NotFound(f"request {request_id} ended without a final event")
+
+    def finished(self, submitted: Submitted, final: FinalEvent) -> None:
+        """Count ``final`` in the metrics, unless it is an idempotent repeat's (the first
+        caller's request, counted there)."""
+        if not submitted.duplicate:
+            self.metrics.finished(submitted.request.model, submitted.request.priority, final)
 
     async def _events(self, request_id: str, after: str) -> AsyncGenerator[list[Entry]]:
         unrepeated = UnrepeatedEntries()  # what a failover makes a worker write again

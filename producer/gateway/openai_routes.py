@@ -31,7 +31,7 @@ from producer.openai.schemas import ChatCompletionRequest, CompletionRequest
 from producer.requests import choice_requests
 from producer.streams.entries import Entry
 from shared.chat import ChatFeatures
-from shared.errors import NotFound, TokenqError
+from shared.errors import TokenqError
 from shared.loras import list_loras_async
 from shared.models import FinalEvent, GenerationRequest
 
@@ -201,14 +201,9 @@ async def submit_all(
 
 
 async def _collect(backend: Backend, submitted: Submitted, renderer: Renderer) -> FinalEvent:
-    async for batch in backend.events(submitted.request_id):
-        for entry in batch:
-            if entry.is_final:
-                final = entry.final()
-                _record(backend, submitted, final)
-                return final
-            renderer.add(entry)
-    raise NotFound(f"request {submitted.request_id} ended without a final event")
+    final = await backend.final(submitted.request_id, renderer.add)
+    backend.finished(submitted, final)
+    return final
 
 
 @dataclass
@@ -250,7 +245,7 @@ async def _stream_unless_refused(
         error = None if final is None else failure(final, renderers[0].kind)
         if final is not None and error is not None and error.status == 400:
             await head.close()
-            _record(backend, submitted[0], final)
+            backend.finished(submitted[0], final)
             raise error
     return _stream(backend, submitted, renderers, headers, head)
 
@@ -311,7 +306,7 @@ def _stream(
                 chunks, final = renderers[index].render(batch)
                 if final is not None:
                     finals[index] = final
-                    _record(backend, submitted[index], final)
+                    backend.finished(submitted[index], final)
                 if len(finals) == len(renderers):
                     ordered = [finals[i] for i in range(len(renderers))]
                     yield chunks + stream_end(renderers, ordered)
@@ -329,11 +324,6 @@ def _stream(
             await _client_left(backend, running, kind)
 
     return SSEResponse(body(), headers=headers, on_disconnect=on_disconnect)
-
-
-def _record(backend: Backend, submitted: Submitted, final: FinalEvent) -> None:
-    if not submitted.duplicate:
-        backend.metrics.finished(submitted.request.model, submitted.request.priority, final)
 
 
 async def _client_left(backend: Backend, submitted: list[Submitted], kind: str) -> None:

@@ -20,7 +20,6 @@ from producer.gateway.errors import ApiError
 from producer.gateway.sse import unless_disconnected
 from producer.openai.errors import from_validation_errors
 from producer.openai.output import failure
-from shared.errors import NotFound
 from shared.limits import AsyncLimitsCache
 from shared.models import FinalEvent, GenerationRequest, Task
 from shared.priority import Priority
@@ -60,7 +59,7 @@ async def ask_tokenizer(
     except ApiError as e:  # refused at submit by the model's limits: the route's names
         _renamed(e, names)
         raise
-    final = await unless_disconnected(request, _final(backend, submitted.request_id))
+    final = await unless_disconnected(request, backend.final(submitted.request_id))
     if final is None:
         await backend.cancel(submitted.request_id)
         raise ApiError(CLIENT_CLOSED, "the client closed the request", code="client_closed")
@@ -80,11 +79,3 @@ async def max_model_len(backend: Backend, model: str) -> int | None:
     """The context its workers registered (the laxest of them); None if none did."""
     limits = await AsyncLimitsCache(backend.redis, backend.keys).get(model)
     return None if limits is None else limits.max_model_len
-
-
-async def _final(backend: Backend, request_id: str) -> FinalEvent:
-    async for batch in backend.events(request_id):
-        for entry in batch:
-            if entry.is_final:
-                return entry.final()
-    raise NotFound(f"request {request_id} ended without a final event")
