@@ -61,12 +61,22 @@ def test_compose_mounts_files_that_exist() -> None:
             assert (ROOT / build["dockerfile"]).exists()
 
 
+def _schema(name: str) -> dict[str, Any]:
+    return dict(json.loads((Path(__file__).parent / name).read_text()))
+
+
 @pytest.mark.parametrize("path", K8S, ids=lambda p: p.name)
 def test_kubernetes_manifests_validate(path: Path) -> None:
-    schema = json.loads((Path(__file__).parent / "keda_scaledobject.schema.json").read_text())
     for doc in _docs(path):
         if doc["apiVersion"].startswith("keda.sh/"):
-            jsonschema.validate(doc, schema)
+            jsonschema.validate(doc, _schema("keda_scaledobject.schema.json"))
+        elif doc["apiVersion"].startswith("leaderworkerset.x-k8s.io/"):
+            jsonschema.validate(doc, _schema("leaderworkerset.schema.json"))
+            for role in ("leaderTemplate", "workerTemplate"):
+                template = doc["spec"]["leaderWorkerTemplate"][role]
+                pod_template = {"apiVersion": "v1", "kind": "PodTemplate"}
+                pod_template |= {"metadata": {"name": role.lower()}, "template": template}
+                kubernetes_validate.validate(pod_template, K8S_VERSION, strict=True)
         else:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -74,6 +84,7 @@ def test_kubernetes_manifests_validate(path: Path) -> None:
 def _all_env_names() -> set[str]:
     text = (ROOT / "docker-compose.yml").read_text() + "".join(p.read_text() for p in K8S)
     text += (ROOT / "docker-compose.sentinel.yml").read_text()
+    text += (ROOT / "docker-compose.vllm.yml").read_text()
     text += "".join(p.read_text() for p in (ROOT / "deploy").glob("*.Dockerfile"))
     return set(re.findall(r"\bTOKENQ_[A-Z0-9_]+", text)) - {"TOKENQ_REDIS_PASSWORD"}
 
@@ -100,9 +111,10 @@ def _metric_names_in(text: str) -> set[str]:
 
 
 def test_autoscaler_and_dashboard_query_metrics_that_are_exported() -> None:
-    keda = (ROOT / "deploy" / "k8s" / "keda-scaledobject.yaml").read_text()
+    keda = [p.read_text() for p in K8S if "keda.sh/" in p.read_text()]
     grafana = (ROOT / "deploy" / "grafana" / "dashboards" / "tokenq.json").read_text()
-    for text in (keda, grafana):
+    assert len(keda) >= 2
+    for text in (*keda, grafana):
         unknown = _metric_names_in(text) - METRIC_NAMES
         assert not unknown, f"queried but never exported: {sorted(unknown)}"
     exported = _metric_names_in(WorkerMetrics("m").render().decode())
