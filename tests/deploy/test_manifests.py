@@ -74,7 +74,7 @@ def test_kubernetes_manifests_validate(path: Path) -> None:
             jsonschema.validate(doc, _schema("leaderworkerset.schema.json"))
             for role in ("leaderTemplate", "workerTemplate"):
                 template = doc["spec"]["leaderWorkerTemplate"][role]
-                pod_template = {"apiVersion": "v1", "kind": "PodTemplate"}
+                pod_template: dict[str, Any] = {"apiVersion": "v1", "kind": "PodTemplate"}
                 pod_template |= {"metadata": {"name": role.lower()}, "template": template}
                 kubernetes_validate.validate(pod_template, K8S_VERSION, strict=True)
         else:
