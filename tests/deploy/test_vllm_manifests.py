@@ -191,6 +191,7 @@ def test_the_ray_workers_join_the_head_the_group_service_names() -> None:
     assert '--address="$head"' in script and "--block" in start
     address = f'"$LWS_LEADER_ADDRESS:{port}"'
     assert address in worker["readinessProbe"]["exec"]["command"][-1]
+    assert worker["readinessProbe"]["timeoutSeconds"] >= 10, "ray health-check imports Ray"
     assert address in worker["lifecycle"]["preStop"]["exec"]["command"][-1]
     assert "networkConfig" not in _lws()["spec"], "one shared service names every leader"
 
