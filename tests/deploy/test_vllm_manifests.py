@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import click
 import jsonschema
 import pytest
 import typer
@@ -70,7 +71,8 @@ class WorkerArgs:
 
 def _worker_options() -> tuple[set[str], set[str]]:
     """The options `tokenq worker` takes a value for, and its switches."""
-    command = typer.main.get_command(app).commands["worker"]  # type: ignore[attr-defined]
+    group = typer.main.get_command(app)
+    command = group.get_command(click.Context(group), "worker")  # type: ignore[arg-type,attr-defined]
     values, switches = set(VLLM_VALUE_FLAGS), set(VLLM_SWITCHES)
     for param in command.params:
         names = {*param.opts, *param.secondary_opts}
