@@ -37,7 +37,7 @@ from worker.engine.loader import load_model
 from worker.engine.lora import LoraStore, lora_sites
 from worker.engine.models.decoder import DecoderModel, ForwardBatch
 from worker.engine.models.state import StateCache, state_bytes
-from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.outputs import ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import (
     InFlight,
     StepResult,
@@ -252,22 +252,18 @@ class ModelRunner:
             return int(free)
         return available_host_bytes()
 
-    def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        inputs = self.prepare(out.scheduled)
-        rows, errors = self._sampling_rows(out.sampled)
-        return self.run_step(inputs, rows, errors=errors).runner_output(rows)
-
-    def launch(self, out: SchedulerOutput, prev: InFlight | None) -> InFlight:
+    def launch(
+        self, out: SchedulerOutput, prev: InFlight | None, in_thread: bool = False
+    ) -> InFlight:
         """Build the step's inputs here and queue it after the step ``prev`` (whose
         sampled ids fill this step's pending tokens): on a device that runs it by itself,
-        from this thread; for the CPU's forward, on the executor thread. Returns before
-        the step ends."""
+        or ``in_thread`` (a synchronous engine's step), from this thread; for the CPU's
+        forward, on the executor thread. Returns before the step ends, except in thread."""
         inputs = self.prepare(out.scheduled)
-        sampled = out.sampled
-        rows, errors = self._sampling_rows(sampled)
+        rows, errors = self._sampling_rows(out.sampled)
         before = None if prev is None else prev.future
         run = partial(self._run_after, inputs, rows, errors, before)
-        if self.timed_device is not None or self.device.type == "cuda":
+        if in_thread or self.timed_device is not None or self.device.type == "cuda":
             # The device runs the step by itself once queued (a CUDA stream, the timed
             # forward's clock), so this thread queues it: an executor thread would only
             # wait for the GIL this thread's Python holds, at each of its launches.
@@ -275,8 +271,7 @@ class ModelRunner:
         else:  # the CPU's forward computes on the executor thread while this one goes on
             _own_histories(rows)
             future = self._step_thread().submit(run)
-        token_index = [len(item.seq.token_ids) for item in sampled]  # where each's goes
-        return InFlight(out, rows, token_index, future)
+        return InFlight(out, rows, future)
 
     def _step_thread(self) -> ThreadPoolExecutor:
         if self._executor is None:
