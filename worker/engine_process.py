@@ -11,9 +11,13 @@ as soon as it has them, with the engine's figures. The worker keeps everything t
 is Redis, and the tokenizer: a copy of the engine's, which the child saves when it
 has loaded the model.
 
+The worker validates each request with the engine's own ``InputProcessor`` before it
+sends it, and counts its capacity the same way; the messages are typed
+(``worker.engine_messages``).
+
 What a user sees differently:
-- a request the engine refuses (its context too long, an adapter it cannot take)
-  ends with the same error, a step later;
+- a request the engine refuses for a reason of its own (an adapter it cannot take, a
+  grammar that does not compile) ends with the same error, a step later;
 - the child exits with the worker: on its stop, on the pipe's end, and on the
   worker's death (``PR_SET_PDEATHSIG``);
 - a child that dies takes the worker down (exit 1). The leases it held lapse, and
@@ -33,20 +37,29 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, fields, replace
-from functools import cached_property
+from dataclasses import replace
 from multiprocessing.connection import Connection
-from operator import attrgetter
 from typing import Any
 
 from shared.limits import ModelLimits
 from shared.models import FinishReason
 from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
+from worker.engine.input_processor import HeldCounts, InputProcessor
 from worker.engine.outputs import RequestOutput
-from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
+from worker.engine.prompt_tokens import TokenizerPrompts
 from worker.engine.request import EngineRequest
 from worker.engine_like import AdmissionError, EngineGone, admission_error
+from worker.engine_messages import (
+    AbortRequest,
+    AddRequest,
+    Failed,
+    Loaded,
+    Stepped,
+    StepsRead,
+    Stop,
+    ToEngine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,44 +75,6 @@ MAX_STEPS_AHEAD = 16
 SLOW_FIGURES_EVERY_S = 0.5
 MAX_WARM = 256
 PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """What the worker reads of its engine once, when the child has loaded it."""
-
-    config: EngineConfig
-    device: str
-    tokenizer_dir: str
-    vocab_size: int
-    max_model_len: int
-    embedding_size: int | None
-    kv_cache_budget_bytes: int
-    lora_rank_limit: int
-    max_num_seqs: int  # the scheduler's (a hybrid's state slots may lower the config's)
-    max_num_resumed_seqs: int
-
-
-@dataclass(frozen=True)
-class Failed:
-    reason: str
-    load_error: bool  # a ModelLoadError: the worker prints it in one line
-
-
-# A step's outputs cross the pipe as tuples of their fields: pickling a tuple skips the
-# per-instance class lookup and state dict a dataclass costs, on the engine's side.
-OUTPUT_FIELDS = attrgetter(*(f.name for f in fields(RequestOutput)))
-
-
-@dataclass(frozen=True)
-class Stepped:
-    """One step's outputs (``OUTPUT_FIELDS`` each), the engine's figures, and now and
-    then the slow ones."""
-
-    outputs: list[tuple[Any, ...]]
-    stats: dict[str, float]
-    warm: list[str] | None = None
-    loras: list[str] | None = None
 
 
 class EngineProcessDied(EngineGone):
@@ -133,10 +108,12 @@ class EngineProcess(TokenizerPrompts):
             raise
         self.config = loaded.config
         self.device = loaded.device
-        self.vocab_size = loaded.vocab_size
-        self.max_model_len = loaded.max_model_len
-        self.embedding_size = loaded.embedding_size
-        self.kv_cache_budget_bytes = loaded.kv_cache_budget_bytes
+        shape = loaded.shape
+        self.vocab_size = shape.vocab_size
+        self.max_model_len = shape.max_model_len
+        self.embedding_size = shape.embedding_size
+        self.kv_cache_budget_bytes = shape.kv_cache_budget_bytes
+        self.inputs = InputProcessor(shape, loaded.config, self.tokenizer)
         self._loaded = loaded
         self._unfinished: dict[str, bool] = {}  # request id -> resumed mid-answer
         self._stats: dict[str, float] = {}
@@ -159,12 +136,15 @@ class EngineProcess(TokenizerPrompts):
         return loaded
 
     def add_request(self, req: EngineRequest) -> None:
-        """Sent to the engine; a refusal comes back as the request's final output."""
-        self._send(("add", req))
+        """Validated here as the engine would (``RequestRefused`` naming the field at
+        fault), then sent; a refusal of the engine's own comes back as the request's
+        final output."""
+        self.inputs.validate(req)
+        self._send(AddRequest(req))
         self._unfinished[req.request_id] = req.resumed
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
-        self._send(("abort", request_id, reason))
+        self._send(AbortRequest(request_id, reason))
 
     def step(self) -> list[RequestOutput]:
         """What the engine's steps produced since the last call, waiting up to
@@ -176,7 +156,7 @@ class EngineProcess(TokenizerPrompts):
         while True:
             stepped: Stepped = self._recv()
             num_read += 1
-            outputs += [RequestOutput(*row) for row in stepped.outputs]
+            outputs += stepped.outputs
             self._stats = stepped.stats
             if stepped.warm is not None:
                 self._warm = stepped.warm
@@ -184,7 +164,7 @@ class EngineProcess(TokenizerPrompts):
                 self._loras = stepped.loras
             if not self._poll(0):
                 break
-        self._send(("read", num_read))  # the child may run that many more steps
+        self._send(StepsRead(num_read))  # the child may run that many more steps
         for out in outputs:
             if out.finish_reason is not None:
                 self._unfinished.pop(out.request_id, None)
@@ -199,12 +179,8 @@ class EngineProcess(TokenizerPrompts):
         the worker before it claims what it could not run."""
         if not self._process.is_alive():
             raise self._died()
-        if resumed:
-            capacity = self._loaded.max_num_seqs + self.config.num_lookahead_slots
-            capacity += self._loaded.max_num_resumed_seqs
-            return max(0, capacity - len(self._unfinished))
         num_new = sum(not r for r in self._unfinished.values())
-        return self.config.num_to_claim(self._loaded.max_num_seqs, num_new)
+        return self.inputs.num_free_slots(HeldCounts(len(self._unfinished), num_new), resumed)
 
     def stats(self) -> dict[str, float]:
         """The engine's figures as its last step sent them; none running or waiting
@@ -224,30 +200,20 @@ class EngineProcess(TokenizerPrompts):
         return self._warm[:limit]
 
     def limits(self, guided: bool) -> ModelLimits:
-        return ModelLimits(
-            vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len,
-            embedding_size=self.embedding_size,
-            guided=guided,
-            max_bytes_per_token=self._max_bytes_per_token,
-        )
-
-    @cached_property
-    def _max_bytes_per_token(self) -> int:
-        return max_bytes_per_token(self.tokenizer)
+        return self.inputs.limits(guided)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the child once it has finished the step it runs (its pipe closed, so
         that a step it is sending ends it too)."""
         with contextlib.suppress(OSError, ValueError):
-            self._conn.send(None)
+            self._conn.send(Stop())
         self._conn.close()
         self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: ToEngine) -> None:
         try:
             self._conn.send(message)
         except (OSError, ValueError) as e:
@@ -305,13 +271,8 @@ def serve(config: EngineConfig, conn: Connection, log_level: int, parent_pid: in
             config=engine.config,
             device=engine.device,
             tokenizer_dir=tokenizer_dir,
-            vocab_size=engine.vocab_size,
-            max_model_len=engine.max_model_len,
-            embedding_size=engine.embedding_size,
-            kv_cache_budget_bytes=engine.kv_cache_budget_bytes,
+            shape=engine.shape,
             lora_rank_limit=engine.lora_rank_limit(),
-            max_num_seqs=engine.scheduler.max_num_seqs,
-            max_num_resumed_seqs=engine.scheduler.max_num_resumed_seqs,
         )
     )
     with contextlib.suppress(EOFError, OSError):  # the worker is gone
@@ -319,7 +280,7 @@ def serve(config: EngineConfig, conn: Connection, log_level: int, parent_pid: in
 
 
 def _loop(engine: Any, conn: Connection) -> None:
-    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[ToEngine] = queue.SimpleQueue()
     reader = threading.Thread(target=_read, args=(conn, inbox), name="tokenq-engine-inbox")
     reader.daemon = True
     reader.start()
@@ -331,10 +292,10 @@ def _loop(engine: Any, conn: Connection) -> None:
         try:
             message = inbox.get_nowait() if can_step or refused else inbox.get(timeout=IDLE_WAIT_S)
             while True:
-                if message is None:
+                if isinstance(message, Stop):
                     return
-                if message[0] == "read":
-                    unread -= message[1]
+                if isinstance(message, StepsRead):
+                    unread -= message.num_steps
                 else:
                     refusal = _apply(engine, message)
                     if refusal is not None:
@@ -352,12 +313,11 @@ def _loop(engine: Any, conn: Connection) -> None:
         if now - slow_at > SLOW_FIGURES_EVERY_S:
             warm, loras, slow_at = engine.warm_fingerprints(MAX_WARM), engine.resident_loras(), now
         if outputs or warm is not None:
-            rows = [OUTPUT_FIELDS(out) for out in outputs]
-            conn.send(Stepped(rows, engine.stats(), warm, loras))
+            conn.send(Stepped(outputs, engine.stats(), warm, loras))
             unread += 1
 
 
-def _read(conn: Connection, inbox: queue.SimpleQueue[Any]) -> None:
+def _read(conn: Connection, inbox: queue.SimpleQueue[ToEngine]) -> None:
     """Everything the worker sends, read as it comes: a step's outputs may fill the
     pipe while the worker is sending, and neither side must then wait on the other.
     The pipe's end reads as a stop."""
@@ -365,15 +325,15 @@ def _read(conn: Connection, inbox: queue.SimpleQueue[Any]) -> None:
         while True:
             inbox.put(conn.recv())
     except (EOFError, OSError):
-        inbox.put(None)
+        inbox.put(Stop())
 
 
-def _apply(engine: Any, message: tuple[Any, ...]) -> RequestOutput | None:
+def _apply(engine: Any, message: AddRequest | AbortRequest) -> RequestOutput | None:
     """Act on one message of the worker's; a request the engine refuses gives its final."""
-    if message[0] == "abort":
-        engine.abort_request(message[1], message[2])
+    if isinstance(message, AbortRequest):
+        engine.abort_request(message.request_id, message.reason)
         return None
-    req: EngineRequest = message[1]
+    req = message.request
     try:
         engine.add_request(req)
     except Exception as e:  # the engine or its grammar refused it, or failed on it

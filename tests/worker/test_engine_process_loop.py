@@ -14,7 +14,8 @@ from typing import Any
 from shared.models import FinishReason, SamplingParams
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
-from worker.engine_process import Stepped, _loop
+from worker.engine_messages import AbortRequest, AddRequest, Stepped, Stop
+from worker.engine_process import _loop
 
 
 class FloodingEngine:
@@ -80,13 +81,13 @@ def test_the_worker_sends_while_the_engine_outputs_fill_the_pipe() -> None:
     big = request("r", num_tokens=50_000)  # ~200 KB a request on the pipe
     sends = threading.Thread(
         target=lambda: [
-            worker_end.send(("add", replace(big, request_id=f"r{i}"))) for i in range(40)
+            worker_end.send(AddRequest(replace(big, request_id=f"r{i}"))) for i in range(40)
         ]
     )
     sends.start()
     sends.join(timeout=30)
     assert not sends.is_alive(), "the worker's sends waited on the engine's outputs"
-    worker_end.send(None)
+    worker_end.send(Stop())
     steps = read_until_stopped(worker_end, loop)
     assert len(engine.held) == 40 and steps
 
@@ -94,14 +95,14 @@ def test_the_worker_sends_while_the_engine_outputs_fill_the_pipe() -> None:
 def test_a_refused_request_comes_back_as_its_error_final_and_the_pipe_end_stops_the_loop() -> None:
     engine = FloodingEngine(refuse="r1")
     worker_end, loop = run_loop(engine)
-    worker_end.send(("add", request("r0")))
-    worker_end.send(("add", request("r1", num_tokens=3)))
-    worker_end.send(("abort", "r0", FinishReason.CANCELLED))
+    worker_end.send(AddRequest(request("r0")))
+    worker_end.send(AddRequest(request("r1", num_tokens=3)))
+    worker_end.send(AbortRequest("r0", FinishReason.CANCELLED))
     give_up = time.monotonic() + 10
     refusal = None
     while refusal is None and time.monotonic() < give_up:
         stepped: Stepped = worker_end.recv()
-        finals = [RequestOutput(*row) for row in stepped.outputs if row[0] == "r1"]
+        finals = [out for out in stepped.outputs if out.request_id == "r1"]
         refusal = finals[0] if finals else None
     assert refusal is not None
     assert refusal.finish_reason is FinishReason.ERROR and refusal.new_token_ids == []

@@ -1,10 +1,11 @@
 """The engine: requests in, token deltas out, one batched step at a time.
 
-``step()`` applies cancellations and deadlines, asks the scheduler what to run,
-has the model runner run it, and turns the new tokens into outputs. With
-asynchronous scheduling (the default) it launches the next step before it reads the
-one in flight, so each call returns the tokens of the step before the one it
-launched (``worker.engine.overlap``).
+``step()`` applies cancellations and deadlines, asks the scheduler what to run, has
+the model runner launch it, and turns the tokens of the step it reads into outputs:
+one protocol at any depth. Synchronously (depth 0) it reads the step it launched;
+with asynchronous scheduling (depth 1, the default on a device) it launches the next
+step before it reads the one in flight, so each call returns the tokens of the step
+before the one it launched (``worker.engine.overlap``).
 """
 
 from __future__ import annotations
@@ -12,21 +13,21 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from functools import cached_property
 from typing import Any
 
 from shared.limits import ModelLimits
 from shared.models import FinishReason
-from shared.refusal import invalid, too_long
+from shared.refusal import invalid
 from worker.engine.config import EngineConfig
 from worker.engine.grammar import CompilingRequests, Grammars
+from worker.engine.input_processor import EngineShape, HeldCounts, InputProcessor
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner, pick_device
-from worker.engine.outputs import RequestOutput, RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.outputs import RequestOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import InFlight
 from worker.engine.pooling import Pooler
-from worker.engine.prompt_logprobs import PromptScores, add_step_scores, check_prompt_length
-from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
+from worker.engine.prompt_logprobs import PromptScores, add_step_scores
+from worker.engine.prompt_tokens import TokenizerPrompts
 from worker.engine.request import EngineRequest, SeqStatus, Sequence
 from worker.engine.runner_support import device_broken
 from worker.engine.schedule_events import ScheduleEvents
@@ -77,6 +78,7 @@ class Engine(TokenizerPrompts):
         self._deadlines: dict[str, Sequence] = {}
         self._pending_finish: dict[str, tuple[Sequence, FinishReason]] = {}
         self.vocab_size: int = self.runner.model.config.get_text_config().vocab_size
+        self.inputs = InputProcessor(self.shape, config, self.tokenizer)
         self.grammars = Grammars(
             self.tokenizer,
             self.vocab_size,
@@ -112,19 +114,22 @@ class Engine(TokenizerPrompts):
         ``dimensions`` an embed request may keep."""
         return self.runner.hidden_size
 
-    def limits(self, guided: bool) -> ModelLimits:
-        """What this engine can take, for the worker to register (``shared.limits``)."""
-        return ModelLimits(
+    @property
+    def shape(self) -> EngineShape:
+        """The figures this engine's limits and capacity follow from."""
+        return EngineShape(
             vocab_size=self.vocab_size,
             max_model_len=self.max_model_len,
+            model_max_len=self.runner.max_model_len,
             embedding_size=self.runner.hidden_size,
-            guided=guided,
-            max_bytes_per_token=self._max_bytes_per_token,
+            kv_cache_budget_bytes=self.kv_cache_budget_bytes,
+            max_num_seqs=self.scheduler.max_num_seqs,
+            max_num_resumed_seqs=self.scheduler.max_num_resumed_seqs,
         )
 
-    @cached_property
-    def _max_bytes_per_token(self) -> int:
-        return max_bytes_per_token(self.tokenizer)
+    def limits(self, guided: bool) -> ModelLimits:
+        """What this engine can take, for the worker to register (``shared.limits``)."""
+        return self.inputs.limits(guided)
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -175,59 +180,44 @@ class Engine(TokenizerPrompts):
         )
 
     def num_free_slots(self, resumed: bool = False) -> int:
-        """How many more requests to claim now: free batch rows plus a small
-        look-ahead, so a more urgent request can wait here and preempt (refilled two at
-        a time: ``EngineConfig.num_to_claim``); with ``resumed``, how many requests
-        resumed mid-answer (they have rows kept)."""
+        """How many more requests to claim now (``InputProcessor.num_free_slots``),
+        guided requests whose grammar compiles counted as held."""
         held = [s.request for s in (*self.scheduler.running, *self.scheduler.waiting)]
-        num_compiling = len(self.compiling)  # guided requests whose grammar compiles
-        if resumed:
-            capacity = self.scheduler.max_num_seqs + self.config.num_lookahead_slots
-            capacity += self.scheduler.max_num_resumed_seqs
-            return max(0, capacity - len(held) - num_compiling)
+        num_compiling = len(self.compiling)
         num_new = sum(not r.resumed for r in held) + num_compiling
-        return self.config.num_to_claim(self.scheduler.max_num_seqs, num_new)
+        return self.inputs.num_free_slots(HeldCounts(len(held) + num_compiling, num_new), resumed)
 
     def step(self) -> list[RequestOutput]:
-        if self.config.async_scheduling:
-            return self._step_async()
-        outputs = self._admit_compiled() + self._finish_cancelled()
-        if not self.scheduler.has_unfinished():
-            self.compiling.wait(COMPILE_WAIT_S)  # rather than have the caller spin
-            return outputs
-        sched_out = self._schedule()
-        if not sched_out.scheduled:
-            return outputs
-        try:
-            runner_out = self.runner.execute(sched_out)
-            self.num_steps += 1
-            self.num_host_waits += 1
-            self.scheduler.update_from_output(sched_out, runner_out)
-        except Exception as e:  # pinned on no one request: the step's requests end
-            return outputs + self._step_failed(sched_out, e)
-        return outputs + self._postprocess(sched_out, runner_out)
-
-    def _step_async(self) -> list[RequestOutput]:
-        """Launch the next step, then read the one in flight (see the module docs)."""
+        """Launch the next step and read the one due: the same step synchronously,
+        the one launched before with asynchronous scheduling (see the module docs)."""
         outputs = self._admit_compiled() + self._finish_cancelled()
         if not self.scheduler.has_unfinished() and self._in_flight is None:
-            self.compiling.wait(COMPILE_WAIT_S)
+            self.compiling.wait(COMPILE_WAIT_S)  # rather than have the caller spin
             return outputs
-        launched = None
-        if self.scheduler.has_unfinished():
-            sched_out = self._schedule()
-            if sched_out.scheduled:
-                try:
-                    launched = self.runner.launch(sched_out, self._in_flight)
-                except Exception as e:  # its inputs could not be built: its requests end
-                    outputs += self._step_failed(sched_out, e)
-                else:
-                    self.scheduler.advance(sched_out)
-                    self.num_steps += 1
-        done, self._in_flight = self._in_flight, launched
+        launched = self._launch(outputs) if self.scheduler.has_unfinished() else None
+        if self.config.async_scheduling:
+            done, self._in_flight = self._in_flight, launched
+        else:
+            done = launched
         if done is not None:
             outputs += self._read(done)
         return outputs
+
+    def _launch(self, outputs: list[RequestOutput]) -> InFlight | None:
+        """Schedule a step and launch it (on this thread, synchronously); the requests
+        of a step whose inputs could not be built end, their finals in ``outputs``."""
+        sched_out = self._schedule()
+        if not sched_out.scheduled:
+            return None
+        in_thread = not self.config.async_scheduling
+        try:
+            launched = self.runner.launch(sched_out, self._in_flight, in_thread)
+        except Exception as e:  # its inputs could not be built: its requests end
+            outputs += self._step_failed(sched_out, e)
+            return None
+        launched.token_index = self.scheduler.advance(sched_out)
+        self.num_steps += 1
+        return launched
 
     def _schedule(self) -> SchedulerOutput:
         sched_out = self.scheduler.schedule()
@@ -238,24 +228,16 @@ class Engine(TokenizerPrompts):
         return sched_out
 
     def _read(self, done: InFlight) -> list[RequestOutput]:
-        """The tokens of a step launched before: each in its place, then the outputs of
-        the sequences still unfinished (a sequence that finished since drops its token)."""
+        """The tokens of a launched step, each in its place, then the outputs of the
+        sequences still unfinished (a sequence that finished since drops its token):
+        the engine's one post-processor."""
         self.num_host_waits += 1
         sched_out = done.sched_out
         try:
             runner_out = done.result()
         except Exception as e:  # the step (or the one it took its tokens from) failed
             return self._step_failed(sched_out, e)
-        for item, index, token_id in zip(
-            sched_out.sampled, done.token_index, runner_out.token_ids, strict=True
-        ):
-            seq = item.seq
-            if seq.status is not SeqStatus.FINISHED:
-                seq.token_ids[index] = token_id
-                seq.num_pending_tokens -= 1
-        for item in sched_out.scheduled:
-            if item.seq.status is SeqStatus.RUNNING:
-                self.kv_cache.cache_full_blocks(item.seq)
+        self.scheduler.update_from_output(sched_out, runner_out, done.token_index)
         add_step_scores(self.prompt_scores, sched_out, runner_out)
         outputs = []
         for at, (item, index, logprobs) in enumerate(
@@ -298,44 +280,11 @@ class Engine(TokenizerPrompts):
         return results
 
     def _validate(self, req: EngineRequest) -> None:
-        if not req.prompt_token_ids:
-            raise invalid("prompt", "prompt: it has no tokens")
         if req.request_id in self.outputs or req.request_id in self.compiling:
             raise ValueError(f"request {req.request_id} is already in the engine")
-        if req.lora is not None:
+        if req.lora is not None and req.prompt_token_ids:
             self._check_lora(req)
-        if req.embed:
-            self._validate_embed(req)
-            return
-        check_prompt_length(req)
-        num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
-        num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
-        limit, what = self._context_limit()
-        if num_tokens >= self.max_model_len or num_needed > self.max_model_len:
-            param = "prompt" if len(req.prompt_token_ids) >= limit else "max_tokens"
-            raise too_long(
-                param,
-                f"{param}: {len(req.prompt_token_ids)} prompt tokens and "
-                f"max_tokens {req.sampling.max_tokens} need {num_needed} tokens of context, "
-                f"over the {limit} that {what}; shorten the prompt or lower max_tokens",
-            )
-        self._check_vocab(req)
-
-    def _check_vocab(self, req: EngineRequest) -> None:
-        """Every token id the request names is in the vocabulary (RequestRefused naming
-        the field and the limit)."""
-        sampling = req.sampling
-        for field, ids in (
-            ("logit_bias", sampling.logit_bias),
-            ("stop_token_ids", sampling.stop_token_ids),
-        ):
-            too_big = [t for t in ids if t >= self.vocab_size]
-            if too_big:
-                raise invalid(
-                    field,
-                    f"{field}: token id {too_big[0]} is not in this model's vocabulary of "
-                    f"{self.vocab_size} tokens (ids 0..{self.vocab_size - 1})",
-                )
+        self.inputs.validate(req)
 
     def _check_lora(self, req: EngineRequest) -> None:
         """The adapter is read now (refused naming ``lora`` if it cannot be served)."""
@@ -360,30 +309,6 @@ class Engine(TokenizerPrompts):
     def warm_fingerprints(self, limit: int) -> list[str]:
         """The prefix fingerprints whose blocks the KV cache holds, newest first."""
         return self.kv_cache.warm_fingerprints(limit)
-
-    def _validate_embed(self, req: EngineRequest) -> None:
-        limit, what = self._context_limit()
-        if len(req.prompt_token_ids) >= self.max_model_len:
-            raise too_long(
-                "prompt",
-                f"prompt: the text to embed is {len(req.prompt_token_ids)} "
-                f"tokens, over the {limit} that {what}; shorten it",
-            )
-        size = self.runner.hidden_size
-        if req.dimensions is not None and req.dimensions > size:
-            raise invalid(
-                "dimensions",
-                f"dimensions {req.dimensions} is more than this model's {size}: "
-                f"ask for {size} or fewer",
-            )
-
-    def _context_limit(self) -> tuple[int, str]:
-        """The tokens one request may hold, and what sets that limit."""
-        pool_tokens = self.kv_cache.max_num_tokens_per_seq
-        if pool_tokens < self.runner.max_model_len:
-            mib = self.kv_cache_budget_bytes >> 20
-            return pool_tokens, f"this worker's KV cache holds ({mib} MiB; see --kv-cache-mib)"
-        return self.runner.max_model_len, "the model takes (its max_model_len)"
 
     def _admit_compiled(self) -> list[RequestOutput]:
         ready, ended = self.compiling.take(time.time())
@@ -419,22 +344,6 @@ class Engine(TokenizerPrompts):
             seq.num_prompt_tokens,
             seq.num_output_tokens,
         ).with_prefix_figures(seq)
-
-    def _postprocess(
-        self, sched_out: SchedulerOutput, runner_out: RunnerOutput
-    ) -> list[RequestOutput]:
-        add_step_scores(self.prompt_scores, sched_out, runner_out)
-        outputs = []
-        for at, (item, logprobs) in enumerate(
-            zip(sched_out.sampled, runner_out.logprobs, strict=True)
-        ):
-            error = runner_out.errors.get(at)
-            outputs.append(self._token_output(item.seq, logprobs, error))
-        for item, partial in zip(sched_out.pooled, runner_out.pooled, strict=True):
-            self.pooler.add(item.seq.request_id, partial)
-            if item.completes_prompt:
-                outputs.append(self._embedding_output(item))
-        return outputs
 
     def _embedding_output(self, item: ScheduledSeq) -> RequestOutput:
         """An embed request ends once its whole prompt is computed: no tokens, a vector."""

@@ -33,11 +33,12 @@ from worker.engine.cpu_attention import CpuBackend
 from worker.engine.cuda_graphs import PagedBackend, StepGraphs
 from worker.engine.errors import UnsupportedModel
 from worker.engine.generic_forward import GenericForward
+from worker.engine.gguf_q8 import GgufInt8
 from worker.engine.loader import load_model
 from worker.engine.lora import LoraStore, lora_sites
 from worker.engine.models.decoder import DecoderModel, ForwardBatch
 from worker.engine.models.state import StateCache, state_bytes
-from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.outputs import ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import (
     InFlight,
     StepResult,
@@ -46,7 +47,7 @@ from worker.engine.overlap import (
     timed_pack,
     to_host,
 )
-from worker.engine.quantization import quantize_forward
+from worker.engine.quantization import Prequantized, quantize_forward
 from worker.engine.runner_support import (
     available_host_bytes,
     eos_token_ids,
@@ -58,6 +59,7 @@ from worker.engine.runner_support import (
 )
 from worker.engine.sampler import GREEDY, Sampler, SamplingRow, sampling_row
 from worker.engine.step_inputs import RopeLens, StepInputs, on_device
+from worker.model_store import gguf_source
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,12 @@ class ModelRunner:
         self.family = loaded.family if config.fuse_layers else None
         self.forward_fn = self._forward_fn(config)
         self.quantization = config.quantization
-        quantize_forward(self.forward_fn, config.quantization, config.model)
+        quantize_forward(
+            self.forward_fn,
+            config.quantization,
+            config.model,
+            self._prequantized(config.quantization, model_path),
+        )
         text_config = self.model.config.get_text_config()
         self.max_model_len: int = config.max_model_len or text_config.max_position_embeddings
         self.rope_lens, self.recompute_at = self._rope_switch()
@@ -147,6 +154,14 @@ class ModelRunner:
             model_type,
         )
         return GenericForward(self.model)
+
+    def _prequantized(self, method: str | None, model_path: str | Path) -> Prequantized | None:
+        """For int8: the weights a GGUF file the model came from holds in Q8_0, read
+        straight from their blocks (``worker.engine.gguf_q8``)."""
+        source = gguf_source(model_path) if method == "int8" else None
+        if source is None:
+            return None
+        return GgufInt8(source, self.model).weight_for
 
     def _rope_switch(self) -> tuple[RopeLens, int | None]:
         """What a step tells the rotary of each token's length, and the length at which
@@ -252,22 +267,18 @@ class ModelRunner:
             return int(free)
         return available_host_bytes()
 
-    def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        inputs = self.prepare(out.scheduled)
-        rows, errors = self._sampling_rows(out.sampled)
-        return self.run_step(inputs, rows, errors=errors).runner_output(rows)
-
-    def launch(self, out: SchedulerOutput, prev: InFlight | None) -> InFlight:
+    def launch(
+        self, out: SchedulerOutput, prev: InFlight | None, in_thread: bool = False
+    ) -> InFlight:
         """Build the step's inputs here and queue it after the step ``prev`` (whose
         sampled ids fill this step's pending tokens): on a device that runs it by itself,
-        from this thread; for the CPU's forward, on the executor thread. Returns before
-        the step ends."""
+        or ``in_thread`` (a synchronous engine's step), from this thread; for the CPU's
+        forward, on the executor thread. Returns before the step ends, except in thread."""
         inputs = self.prepare(out.scheduled)
-        sampled = out.sampled
-        rows, errors = self._sampling_rows(sampled)
+        rows, errors = self._sampling_rows(out.sampled)
         before = None if prev is None else prev.future
         run = partial(self._run_after, inputs, rows, errors, before)
-        if self.timed_device is not None or self.device.type == "cuda":
+        if in_thread or self.timed_device is not None or self.device.type == "cuda":
             # The device runs the step by itself once queued (a CUDA stream, the timed
             # forward's clock), so this thread queues it: an executor thread would only
             # wait for the GIL this thread's Python holds, at each of its launches.
@@ -275,8 +286,7 @@ class ModelRunner:
         else:  # the CPU's forward computes on the executor thread while this one goes on
             _own_histories(rows)
             future = self._step_thread().submit(run)
-        token_index = [len(item.seq.token_ids) for item in sampled]  # where each's goes
-        return InFlight(out, rows, token_index, future)
+        return InFlight(out, rows, future)
 
     def _step_thread(self) -> ThreadPoolExecutor:
         if self._executor is None:

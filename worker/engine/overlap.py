@@ -69,8 +69,9 @@ class InFlight:
 
     sched_out: SchedulerOutput
     rows: list[SamplingRow]
-    token_index: list[int]
     future: Future[StepResult]
+    # Where each sampled sequence's pending token sits (``Scheduler.advance``).
+    token_index: list[int] = field(default_factory=list)
 
     def result(self) -> RunnerOutput:
         return self.future.result().runner_output(self.rows)

@@ -29,6 +29,7 @@ of :data:`IN_FEATURES_MULTIPLE`; others crash it).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,7 @@ MAX_INT8_ROWS = 4  # past this many rows the fp32 oneDNN matmul is faster
 IN_FEATURES_MULTIPLE = 16  # what the kernel's CPU path reads at once
 KERNEL_DTYPE = torch.bfloat16
 INT8_MAX = 127
+WRITE_CHUNK_VALUES = 1 << 18  # values widened at a time when writing weights back
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,16 @@ class Int8Weight:
 
     def dequantize(self) -> torch.Tensor:
         return self.values.float() * self.scales.float()[:, None]
+
+    def write_dequantized(self, weight: torch.Tensor) -> None:
+        """Overwrite ``weight`` with the dequantized values, a few rows at a time (no
+        fp32 copy of the whole weight beside it)."""
+        chunk_rows = max(1, WRITE_CHUNK_VALUES // max(1, weight.shape[1]))
+        with torch.no_grad():
+            for start in range(0, weight.shape[0], chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                part = self.values[rows].float() * self.scales[rows].float()[:, None]
+                weight[rows].copy_(part)
 
     @property
     def num_bytes(self) -> int:
@@ -95,15 +107,26 @@ class Int8Projection(Projection):
         return shaped
 
 
-def quantize_projection(projection: Projection) -> Projection:
-    """``projection`` in int8, its weight (and the model's views of it) overwritten with
-    the dequantized values; unchanged where the kernel cannot take it."""
+# A weight's int8 form already at hand (a GGUF file's Q8_0 blocks), or None.
+Prequantized = Callable[[torch.Tensor], "Int8Weight | None"]
+
+
+def quantize_projection(
+    projection: Projection, prequantized: Prequantized | None = None
+) -> Projection:
+    """``projection`` in int8 (``prequantized``'s where it has it, else quantized from
+    the weight), its weight (and the model's views of it) overwritten with the
+    dequantized values; unchanged where the kernel cannot take it."""
     weight = projection.weight
     if isinstance(projection, Int8Projection) or not _kernel_takes(weight):
         return projection
-    int8 = quantize_per_channel(weight)
-    with torch.no_grad():
-        weight.copy_(int8.dequantize().to(weight.dtype))
+    int8 = None if prequantized is None else prequantized(weight)
+    if int8 is None:
+        int8 = quantize_per_channel(weight)
+    int8.write_dequantized(weight)
+    # The oneDNN copy of the old values goes before the new one is made: at load no
+    # more than one fp32 copy of a weight's values is ever held beside the weight.
+    projection.packed = None
     return Int8Projection(weight, projection.bias, int8)
 
 
@@ -115,9 +138,15 @@ def _kernel_takes(weight: torch.Tensor) -> bool:
     )
 
 
-def quantize_forward(forward: DecoderModel | GenericForward, method: str | None, name: str) -> None:
-    """Quantize the fused forward's projections by ``method`` (None: leave them), or
-    refuse where the engine cannot serve it so."""
+def quantize_forward(
+    forward: DecoderModel | GenericForward,
+    method: str | None,
+    name: str,
+    prequantized: Prequantized | None = None,
+) -> None:
+    """Quantize the fused forward's projections by ``method`` (None: leave them), taking
+    the int8 form ``prequantized`` has of a weight where it has one, or refuse where the
+    engine cannot serve it so."""
     if method is None:
         return
     if not isinstance(forward, DecoderModel):
@@ -131,33 +160,59 @@ def quantize_forward(forward: DecoderModel | GenericForward, method: str | None,
             f"{forward.embed_weight.device.type} serve it without --quantization"
         )
     done: list[Projection] = []
+    read: list[Int8Weight] = []
+    if prequantized is not None:
+        prequantized = _noting(prequantized, read)
     for layer in forward.layers:
         if isinstance(layer.mixer, Attention):
-            layer.mixer.qkv = _quantized(layer.mixer.qkv, done)
-            layer.mixer.o = _quantized(layer.mixer.o, done)
-        _quantize_mlp(layer.mlp, done)
-    forward.lm_head = _quantized(forward.lm_head, done)
+            layer.mixer.qkv = _quantized(layer.mixer.qkv, done, prequantized)
+            layer.mixer.o = _quantized(layer.mixer.o, done, prequantized)
+        _quantize_mlp(layer.mlp, done, prequantized)
+    forward.lm_head = _quantized(forward.lm_head, done, prequantized)
     int8 = [p.int8 for p in done if isinstance(p, Int8Projection)]
     log.info(
-        "quantized %d of %d projections to int8 (%d MiB of int8 weights)",
+        "quantized %d of %d projections to int8 (%d MiB of int8 weights; %d read from "
+        "a GGUF file's Q8_0 blocks)",
         len(int8),
         len(done),
         sum(w.num_bytes for w in int8) >> 20,
+        len(read),
     )
 
 
-def _quantize_mlp(mlp: GatedMLP | SparseMoe | SharedExpertMoe, done: list[Projection]) -> None:
+def _noting(prequantized: Prequantized, read: list[Int8Weight]) -> Prequantized:
+    """``prequantized``, each weight it has noted in ``read``."""
+
+    def lookup(weight: torch.Tensor) -> Int8Weight | None:
+        int8 = prequantized(weight)
+        if int8 is not None:
+            read.append(int8)
+        return int8
+
+    return lookup
+
+
+def _quantize_mlp(
+    mlp: GatedMLP | SparseMoe | SharedExpertMoe,
+    done: list[Projection],
+    prequantized: Prequantized | None,
+) -> None:
     if isinstance(mlp, SharedExpertMoe):
-        _quantize_mlp(mlp.shared, done)
-        _quantize_mlp(mlp.sparse, done)
+        _quantize_mlp(mlp.shared, done, prequantized)
+        _quantize_mlp(mlp.sparse, done, prequantized)
     elif isinstance(mlp, GatedMLP):
-        mlp.gate_up = _quantized(mlp.gate_up, done)
-        mlp.down = _quantized(mlp.down, done)
+        mlp.gate_up = _quantized(mlp.gate_up, done, prequantized)
+        mlp.down = _quantized(mlp.down, done, prequantized)
     elif mlp.packed is not None:  # the experts as projections (fp32 on the CPU)
-        mlp.packed = [(_quantized(a, done), _quantized(b, done)) for a, b in mlp.packed]
+        mlp.packed = [
+            (_quantized(a, done, prequantized), _quantized(b, done, prequantized))
+            for a, b in mlp.packed
+        ]
 
 
-def _quantized(projection: Projection, done: list[Projection]) -> Projection:
-    quantized = quantize_projection(projection)
+def _quantized(
+    projection: Projection, done: list[Projection], prequantized: Prequantized | None
+) -> Projection:
+    quantized = quantize_projection(projection, prequantized)
     done.append(quantized)
     return quantized

@@ -18,12 +18,13 @@ rotary switches at a length and recomputes what came before (Phi-3's longrope, a
 transformers generates it) has a sequence reaching ``recompute_at`` tokens recomputed
 whole, as a preemption does.
 
-With asynchronous scheduling the engine schedules a step while the one before runs:
-it calls :meth:`Scheduler.advance` as it launches a step (each sampled sequence gains
-a ``PENDING`` token that the device feeds to the next step) instead of
-``update_from_output`` after it. A running sequence whose pending token must be read
-on the host first (``Sequence.waits_for_token``) sits that step out, and a preempted
-one waits for its pending token before it is admitted again.
+The engine calls :meth:`Scheduler.advance` as it launches a step (each sampled
+sequence gains a ``PENDING`` token) and :meth:`Scheduler.update_from_output` when it
+reads the step's tokens: at once when it runs synchronously, one step later with
+asynchronous scheduling, where the device feeds each pending token to the step
+launched meanwhile. A running sequence whose pending token must be read on the host
+first (``Sequence.waits_for_token``) sits that step out, and a preempted one waits for
+its pending token before it is admitted again.
 """
 
 from __future__ import annotations
@@ -109,25 +110,37 @@ class Scheduler:
             and self.waiting[0].priority >= self.ttft_priority
         )
 
-    def update_from_output(self, out: SchedulerOutput, runner_out: RunnerOutput) -> None:
-        """Advance the computed counts, cache the blocks that became full, and append
-        each sampled token."""
+    def advance(self, out: SchedulerOutput) -> list[int]:
+        """A step launched: advance the computed counts and give each sampled sequence a
+        pending token, row ``i`` of the step's samples. Returns where each pending token
+        sits in its sequence, for :meth:`update_from_output`."""
         for item in out.scheduled:
             item.seq.num_computed_tokens = item.start_pos + item.num_tokens
-            self.kv_cache.cache_full_blocks(item.seq)
-        for item, token_id in zip(out.sampled, runner_out.token_ids, strict=True):
-            item.seq.token_ids.append(token_id)
-
-    def advance(self, out: SchedulerOutput) -> None:
-        """A step launched before its tokens are known: advance the computed counts and
-        give each sampled sequence a pending token, row ``i`` of the step's samples."""
-        for item in out.scheduled:
-            item.seq.num_computed_tokens = item.start_pos + item.num_tokens
+        token_index = []
         for row, item in enumerate(out.sampled):
             seq = item.seq
+            token_index.append(len(seq.token_ids))
             seq.token_ids.append(PENDING)
             seq.num_pending_tokens += 1
             seq.pending_row = row
+        return token_index
+
+    def update_from_output(
+        self, out: SchedulerOutput, runner_out: RunnerOutput, token_index: list[int]
+    ) -> None:
+        """A step's tokens read: each pending token (at ``token_index``, from
+        :meth:`advance`) takes its sampled id, a sequence finished since drops its own,
+        and the blocks the step filled are cached (the one place that caches them)."""
+        for item, index, token_id in zip(
+            out.sampled, token_index, runner_out.token_ids, strict=True
+        ):
+            seq = item.seq
+            if seq.status is not SeqStatus.FINISHED:
+                seq.token_ids[index] = token_id
+                seq.num_pending_tokens -= 1
+        for item in out.scheduled:
+            if item.seq.status is SeqStatus.RUNNING:
+                self.kv_cache.cache_full_blocks(item.seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Take ``seq`` out of the batch (or the waiting line) and free its cache."""

@@ -12,7 +12,8 @@ from worker.engine.scheduler import Scheduler
 def _step(scheduler: Scheduler, events: ScheduleEvents) -> None:
     out = scheduler.schedule()
     events.scheduled(out)
-    scheduler.update_from_output(out, RunnerOutput(token_ids=[7] * len(out.sampled)))
+    token_index = scheduler.advance(out)
+    scheduler.update_from_output(out, RunnerOutput(token_ids=[7] * len(out.sampled)), token_index)
 
 
 def test_each_prefill_chunk_is_an_event_and_decode_steps_add_none() -> None:

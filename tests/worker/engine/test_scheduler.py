@@ -55,8 +55,9 @@ def run_step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:
     """Schedule a step and feed back one sampled token per sampling sequence."""
     out = scheduler.schedule()
     sampled = out.sampled
+    token_index = scheduler.advance(out)
     scheduler.update_from_output(
-        out, RunnerOutput([token_id] * len(sampled), [None] * len(sampled))
+        out, RunnerOutput([token_id] * len(sampled), [None] * len(sampled)), token_index
     )
     return out
 

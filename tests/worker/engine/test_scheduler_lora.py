@@ -30,7 +30,9 @@ def make_scheduler(max_loras: int) -> Scheduler:
 def step(scheduler: Scheduler) -> list[str]:
     out = scheduler.schedule()
     sampled = out.sampled
-    scheduler.update_from_output(out, RunnerOutput([7] * len(sampled), [None] * len(sampled)))
+    token_index = scheduler.advance(out)
+    runner_out = RunnerOutput([7] * len(sampled), [None] * len(sampled))
+    scheduler.update_from_output(out, runner_out, token_index)
     return [s.seq.request_id for s in out.scheduled]
 
 
