@@ -163,7 +163,6 @@ class Ledger:
         lost lease of a FINISHING run needs nothing: its finish's reply settles it."""
         with self._lock:
             news, self._news = self._news, []
-        found = []
         found: dict[tuple[str, News], tuple[Run, News]] = {}  # two beats may say the same
         for request_id, token, what in news:
             run = self.run(request_id, token)

@@ -20,6 +20,11 @@ def held_for(run: Run) -> Held:
     return Held(run.request_id, run.lease_token, GenerationRequest(model="m", prompt="p"))
 
 
+def stage(run: Run) -> Stage:
+    """``run``'s stage now (read through a call: each move changes it)."""
+    return run.stage
+
+
 def running(ledger: Ledger, request_id: str = "r1", token: str = "w1:1") -> Run:
     ledger.claim([claim(request_id, token)])
     [run] = ledger.to_admit([claim(request_id, token)])
@@ -32,26 +37,26 @@ def test_a_run_goes_from_its_claim_to_settled_renewed_until_then() -> None:
     ledger.claim([claim()])
     assert ledger.leases() == {"r1": "w1:1"}  # renewed from the claim's return
     [run] = ledger.to_admit([claim()])
-    assert run.stage is Stage.CLAIMED
+    assert stage(run) is Stage.CLAIMED
     ledger.admitted(run, held_for(run))
-    assert (run.stage, list(ledger.held), ledger.num_running) == (Stage.RUNNING, ["r1"], 1)
+    assert (stage(run), list(ledger.held), ledger.num_running) == (Stage.RUNNING, ["r1"], 1)
     ledger.engine_let_go("r1")
     ledger.finishing("r1")
-    assert run.stage is Stage.FINISHING and ledger.leases() == {"r1": "w1:1"}
+    assert stage(run) is Stage.FINISHING and ledger.leases() == {"r1": "w1:1"}
     ledger.hand_back(run)  # its finish was written, the engine done with it
-    assert (run.stage, ledger.held, ledger.leases()) == (Stage.SETTLED, {}, {})
+    assert (stage(run), ledger.held, ledger.leases()) == (Stage.SETTLED, {}, {})
 
 
 def test_an_illegal_move_raises_and_changes_nothing() -> None:
     ledger = Ledger()
     run = running(ledger)
     ledger.hand_back(run)  # lease lost while the engine runs it
-    assert run.stage is Stage.HANDED_BACK
+    assert stage(run) is Stage.HANDED_BACK
     with pytest.raises(IllegalTransition, match="r1: handed_back cannot become waiting"):
         ledger.wait(run)
-    assert run.stage is Stage.HANDED_BACK
+    assert stage(run) is Stage.HANDED_BACK
     ledger.engine_let_go("r1")
-    assert run.stage is Stage.SETTLED
+    assert stage(run) is Stage.SETTLED
     with pytest.raises(IllegalTransition, match="settled cannot become settled"):
         ledger.settle(run)
     assert NEXT[Stage.SETTLED] == frozenset()
@@ -70,7 +75,7 @@ def test_a_claim_of_an_id_the_engine_still_ends_waits_renewed_and_runs_after() -
         ledger.admitted(new, held_for(new))
     assert ledger.leases() == {"r1": "w1:2"} and ledger.to_admit([]) == []
     ledger.engine_let_go("r1")  # the old run's last output
-    assert old.stage is Stage.SETTLED and ledger.to_admit([]) == [new]
+    assert stage(old) is Stage.SETTLED and ledger.to_admit([]) == [new]
     ledger.admitted(new, held_for(new))
     assert ledger.in_engine("r1") is new and ledger.leases() == {"r1": "w1:2"}
 
@@ -93,7 +98,7 @@ def test_news_about_a_lapsed_run_does_not_touch_the_run_that_replaced_it() -> No
     ledger.engine_let_go("r1")
     new = running(ledger, token="w1:2")
     assert ledger.take_news() == []  # the news was about w1:1
-    assert new.stage is Stage.RUNNING and ledger.leases() == {"r1": "w1:2"}
+    assert stage(new) is Stage.RUNNING and ledger.leases() == {"r1": "w1:2"}
     ledger.renewed(Renewal({"r1": "w1:2"}, {"r1": RenewCode.LEASE_LOST}))
     assert ledger.take_news() == [(new, News.LOST)]
 
@@ -105,7 +110,7 @@ def test_a_lost_lease_of_a_finishing_run_is_left_to_its_finish_and_cancels_are_n
     codes = {"a": RenewCode.LEASE_LOST, "b": RenewCode.RENEWED}
     ledger.renewed(Renewal({"a": "w1:1", "b": "w1:2"}, codes, frozenset({"b"})))
     assert ledger.take_news() == [(other, News.CANCEL)]
-    assert finishing.stage is Stage.FINISHING
+    assert stage(finishing) is Stage.FINISHING
 
 
 def test_a_failed_admission_renews_none_of_the_rest_and_release_hands_back_all() -> None:
@@ -113,11 +118,11 @@ def test_a_failed_admission_renews_none_of_the_rest_and_release_hands_back_all()
     ledger.claim([claim("a", "w1:1"), claim("b", "w1:2")])
     runs = ledger.to_admit([claim("a", "w1:1"), claim("b", "w1:2")])
     ledger.abandon(runs)
-    assert ledger.leases() == {} and [r.stage for r in runs] == [Stage.SETTLED] * 2
+    assert ledger.leases() == {} and [stage(r) for r in runs] == [Stage.SETTLED] * 2
     run = running(ledger, "c", "w1:3")
     ledger.claim([claim("d", "w1:4")])
     assert ledger.release_all() == {"c": "w1:3", "d": "w1:4"}
-    assert run.stage is Stage.SETTLED and ledger.leases() == {} and ledger.held == {}
+    assert stage(run) is Stage.SETTLED and ledger.leases() == {} and ledger.held == {}
 
 
 def test_a_lost_claim_is_not_admitted() -> None:
@@ -125,7 +130,7 @@ def test_a_lost_claim_is_not_admitted() -> None:
     ledger.claim([claim()])
     ledger.renewed(Renewal({"r1": "w1:1"}, {"r1": RenewCode.LEASE_LOST}))
     [(run, news)] = ledger.take_news()
-    assert (run.stage, news) == (Stage.CLAIMED, News.LOST)
+    assert (stage(run), news) == (Stage.CLAIMED, News.LOST)
     ledger.hand_back(run)
     assert ledger.to_admit([claim()]) == [] and ledger.leases() == {}
 
