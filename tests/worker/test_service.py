@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import fakeredis
+import orjson
 import pytest
 import redis
 
@@ -17,7 +18,7 @@ from shared.reaper import reap_once
 from shared.scripts import Scripts
 from shared.settings import Settings
 from shared.usage import last_hours, read_usage
-from tests.conftest import serve
+from tests.conftest import as_tenant, serve
 from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.engine.outputs import RequestOutput
 from worker.engine.request import EngineRequest
@@ -52,7 +53,7 @@ def test_claims_only_what_fits_then_drains_the_queue(setup: Any) -> None:
 def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: Any) -> None:
     client, service, _ = setup
     long = "w " * 40  # 40 prompt tokens, 50 generated: beyond enqueue's estimate
-    h = client.submit(long, model=MODEL, max_tokens=50, metadata={"tenant": "acme"})
+    h = as_tenant(client, "acme").submit(long, model=MODEL, max_tokens=50)
     service.run(burst=True)
     result = h.result(timeout=1)
     (row,) = read_usage(client.redis, client.keys, last_hours(1))
@@ -64,6 +65,28 @@ def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: An
     )
     tags = client.redis.zrange(client.keys.fair_tags(model_tag(MODEL)), 0, -1)
     assert tags == [b"50:acme"]  # charged for what it used beyond the estimate
+    assert 'tenant="acme"' in service.metrics.render().decode()
+
+
+def test_a_request_queued_by_the_previous_release_keeps_its_tenant(
+    setup: Any, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Schema version 1 carried the tenant and its weight as metadata items: a payload
+    queued so, read by this worker, still counts to its tenant."""
+    client, service, _ = setup
+    h = client.submit("w " * 10, model=MODEL, max_tokens=3)
+    version_1 = {
+        "version": 1,
+        "model": MODEL,
+        "prompt": "w " * 10,
+        "sampling": {"max_tokens": 3, "temperature": 0.0},
+        "metadata": {"tenant": "acme", "tenant_weight": 2, "note": "kept"},
+    }
+    fake_redis.hset(Keys().request(h.id), "payload", orjson.dumps(version_1))
+    service.run(burst=True)
+    assert h.result(timeout=1).finish_reason is FinishReason.LENGTH
+    (row,) = read_usage(client.redis, client.keys, last_hours(1))
+    assert (row.tenant, row.completion_tokens, row.requests) == ("acme", 3, 1)
     assert 'tenant="acme"' in service.metrics.render().decode()
 
 
