@@ -2,6 +2,7 @@
 
 from producer.aio import AsyncClient, AsyncHandle
 from producer.client import Client, Handle
+from producer.submit import Submitter
 from shared.errors import (
     IdempotencyKeyReused,
     InvalidRequest,
@@ -24,4 +25,5 @@ __all__ = [
     "QueueFull",
     "RateLimited",
     "RequestTimeout",
+    "Submitter",
 ]

@@ -9,14 +9,22 @@ from typing import Any
 
 import redis.asyncio
 
-from producer.client import BLOCK_MS, MAX_LOOKUPS, _block_ms, _deadline
-from producer.following import Unrepeated, has_final, parse_events, result_or_tail
-from producer.keyed import as_tenant, find_key, submit_flow
-from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
+from producer.client import submitter_for
+from producer.following import (
+    BLOCK_MS,
+    MAX_LOOKUPS,
+    Unrepeated,
+    block_ms,
+    deadline_of,
+    has_final,
+    parse_events,
+    result_or_tail,
+)
+from producer.requests import build_embed_requests, build_request, embedding_of
 from producer.streams.aio import AsyncFollower, AsyncHub, async_source
-from producer.traced import submit_spans
+from producer.submit import AsyncSubmit, Submitter
 from shared.connection import UNREACHABLE, connect_async
-from shared.flows import accepted, cancel_flow, drive_async
+from shared.flows import cancel_flow, drive_async
 from shared.keys import Keys, tag_of
 from shared.limits import AsyncLimitsCache
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
@@ -38,14 +46,17 @@ class AsyncClient:
         connection: redis.asyncio.Redis | None = None,
         settings: Settings | None = None,
         api_key: str | None = None,
+        submitter: Submitter | None = None,
     ) -> None:
+        """As ``Client``'s."""
         self.settings = settings or get_settings()
-        self.api_key = None if api_key is None else find_key(self.settings, api_key)
+        self.submitter = submitter_for(self.settings, api_key, submitter)
         url = redis_url or self.settings.redis_url
         self.redis = connection or connect_async(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = AsyncScripts(self.redis, Replicas.of(self.settings))
         self._limits = AsyncLimitsCache(self.redis, self.keys)  # what the model's workers take
+        self._submit = AsyncSubmit(self.keys, self.settings, self._scripts, self._limits)
         self._hub: AsyncHub[StreamEvent] | None = None
         # Followers look Redis up on quiet spells, all at once if all are quiet: a few
         # at a time, so thousands of them never need more than the pool holds.
@@ -87,15 +98,8 @@ class AsyncClient:
     async def submit_many(
         self, requests: Iterable[GenerationRequest | Mapping[str, Any]]
     ) -> list[AsyncHandle]:
-        reqs = [validate_request(self.settings, r) for r in requests]
-        if self.api_key is not None:
-            reqs = [as_tenant(r, self.api_key) for r in reqs]
-        await self._limits.check(reqs)
-        with submit_spans(reqs) as traced:
-            flow = submit_flow(self.keys, self.settings, self.api_key, traced.requests)
-            enqueued = await drive_async(self._scripts, flow)
-            traced.enqueued(enqueued)
-            return [AsyncHandle(self, i) for i in accepted(enqueued, reqs, self.settings)]
+        submitted = await self._submit(self.submitter, requests)
+        return [AsyncHandle(self, i) for i in submitted.request_ids]
 
     def handle(self, request_id: str) -> AsyncHandle:
         tag_of(request_id)
@@ -126,7 +130,7 @@ class AsyncHandle:
         """Token events as they arrive, then the final event; resume with ``after``.
         RequestTimeout if the final event has not come within ``timeout`` seconds.
         Every stream of a client is read by one shared reader (one connection)."""
-        give_up, c, unrepeated = _deadline(timeout), self.client, Unrepeated()
+        give_up, c, unrepeated = deadline_of(timeout), self.client, Unrepeated()
         async with c._streams().follow(c.keys.stream(self.id), after) as follower:
             while True:
                 events = await _next(follower, _wait_ms(give_up, timeout, self.id))
@@ -153,7 +157,7 @@ class AsyncHandle:
             return None
 
     async def result(self, timeout: float | None = None) -> Result:
-        give_up, c = _deadline(timeout), self.client
+        give_up, c = deadline_of(timeout), self.client
         async with c._lookups:
             result, tail = await run_read_async(c.redis, result_or_tail(c.keys, self.id))
         if result is not None:
@@ -180,4 +184,4 @@ async def _next(follower: AsyncFollower[StreamEvent], wait_ms: int | None) -> li
 
 
 def _wait_ms(give_up: float | None, timeout: float | None, request_id: str) -> int | None:
-    return None if give_up is None else _block_ms(give_up, timeout, request_id)
+    return None if give_up is None else block_ms(give_up, timeout, request_id)

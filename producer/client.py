@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
 
-from producer.following import Unrepeated, has_final, parse_events, result_or_tail
-from producer.keyed import as_tenant, find_key, submit_flow
-from producer.requests import build_embed_requests, build_request, embedding_of, validate_request
+from producer.api_keys import find_key
+from producer.following import (
+    MAX_LOOKUPS,
+    Unrepeated,
+    block_ms,
+    deadline_of,
+    has_final,
+    parse_events,
+    result_or_tail,
+)
+from producer.requests import build_embed_requests, build_request, embedding_of
 from producer.streams.threaded import ThreadHub, sync_source
-from producer.traced import submit_spans
+from producer.submit import Submit, Submitter
 from shared.connection import UNREACHABLE, close, connect
-from shared.errors import RequestTimeout
-from shared.flows import accepted, cancel_flow, drive
+from shared.flows import cancel_flow, drive
 from shared.keys import Keys, tag_of
 from shared.limits import LimitsCache
 from shared.models import FinalEvent, GenerationRequest, RequestStatus, Result, StreamEvent
@@ -27,8 +33,6 @@ from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
-BLOCK_MS = 2_000
-MAX_LOOKUPS = 32
 
 
 class Client:
@@ -41,16 +45,19 @@ class Client:
         connection: redis.Redis | None = None,
         settings: Settings | None = None,
         api_key: str | None = None,
+        submitter: Submitter | None = None,
     ) -> None:
         """``api_key`` (one of ``TOKENQ_API_KEYS``) submits as its tenant, with its
-        weight, under its rate limits (``producer.keyed``)."""
+        weight, under its rate limits, as the gateway does with it; without one, as
+        ``submitter`` (a trusted service naming its own tenant), or as no tenant."""
         self.settings = settings or get_settings()
-        self.api_key = None if api_key is None else find_key(self.settings, api_key)
+        self.submitter = submitter_for(self.settings, api_key, submitter)
         url = redis_url or self.settings.redis_url
         self.redis = connection or connect(url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.namespace)
         self._scripts = Scripts(self.redis, Replicas.of(self.settings))
         self._limits = LimitsCache(self.redis, self.keys)  # what the model's workers take
+        self._submit = Submit(self.keys, self.settings, self._scripts, self._limits)
         self._hub: ThreadHub[StreamEvent] | None = None
         self._hub_lock = threading.Lock()
         # Followers look Redis up on quiet spells: a few at a time (see AsyncClient).
@@ -98,17 +105,8 @@ class Client:
     ) -> list[Handle]:
         """Validate all, then enqueue all in one round trip. A full queue raises QueueFull
         for the first request that did not fit; the ones before it stay accepted."""
-        reqs = [self._validate(r) for r in requests]
-        self._limits.check(reqs)
-        with submit_spans(reqs) as traced:
-            flow = submit_flow(self.keys, self.settings, self.api_key, traced.requests)
-            enqueued = drive(self._scripts, flow)
-            traced.enqueued(enqueued)
-            return [Handle(self, i) for i in accepted(enqueued, reqs, self.settings)]
-
-    def _validate(self, request: GenerationRequest | Mapping[str, Any]) -> GenerationRequest:
-        req = validate_request(self.settings, request)
-        return req if self.api_key is None else as_tenant(req, self.api_key)
+        submitted = self._submit(self.submitter, requests)
+        return [Handle(self, i) for i in submitted.request_ids]
 
     def handle(self, request_id: str) -> Handle:
         tag_of(request_id)  # validates the id before it becomes a key
@@ -142,11 +140,11 @@ class Handle:
         """Token events as they arrive, then the final event; resume with ``after``.
         RequestTimeout if the final event has not come within ``timeout`` seconds.
         Every stream of a client is read by one shared reader (one connection)."""
-        give_up, unrepeated = _deadline(timeout), Unrepeated()
+        give_up, unrepeated = deadline_of(timeout), Unrepeated()
         key = self.client.keys.stream(self.id)
         with self.client._streams().follow(key, after) as follower:
             while True:
-                events = follower.next(_block_ms(give_up, timeout, self.id) / 1000)
+                events = follower.next(block_ms(give_up, timeout, self.id) / 1000)
                 for event in unrepeated.events(events):
                     yield event
                     if isinstance(event.event, FinalEvent):
@@ -172,13 +170,13 @@ class Handle:
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the request to end and return its result."""
-        give_up, c = _deadline(timeout), self.client
+        give_up, c = deadline_of(timeout), self.client
         result, tail = run_read(c.redis, result_or_tail(c.keys, self.id))
         if result is not None:
             return result
         with c._streams().follow(c.keys.stream(self.id), tail) as follower:
             while True:
-                events = follower.next(_block_ms(give_up, timeout, self.id) / 1000)
+                events = follower.next(block_ms(give_up, timeout, self.id) / 1000)
                 if not events or has_final(events):  # ended, or a quiet spell: look
                     with c._lookups:
                         result = self._result()
@@ -186,15 +184,12 @@ class Handle:
                         return result
 
 
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _block_ms(give_up: float | None, timeout: float | None, request_id: str) -> int:
-    """How long the next blocking read may wait; RequestTimeout once time is up."""
-    if give_up is None:
-        return BLOCK_MS
-    left_ms = int((give_up - time.monotonic()) * 1000)
-    if left_ms <= 0:
-        raise RequestTimeout(f"request {request_id} did not finish within {timeout}s")
-    return max(1, min(left_ms, BLOCK_MS))
+def submitter_for(
+    settings: Settings, api_key: str | None, submitter: Submitter | None
+) -> Submitter:
+    """Who a client submits as: its API key's tenant, or ``submitter``."""
+    if api_key is None:
+        return submitter or Submitter()
+    if submitter is not None:
+        raise ValueError("give an api_key or a submitter, not both: the key names its tenant")
+    return Submitter.of_key(find_key(settings, api_key))

@@ -3,15 +3,19 @@ how an entry becomes events, and where waiting for a result starts."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from producer.streams.entries import warn_unreadable
+from shared.errors import RequestTimeout
 from shared.keys import Keys
 from shared.models import FinalEvent, Result, StreamEvent, TokenEvent
 from shared.reads import Read, parse_xread, result_read
 from shared.replies import text
 
 START = "0-0"
+BLOCK_MS = 2_000  # the longest a follower's read blocks before it looks again
+MAX_LOOKUPS = 32  # followers looking Redis up at once, per client
 
 
 def parse_events(key: str, entry_id: str, fields: Any) -> list[StreamEvent]:
@@ -71,3 +75,17 @@ class Unrepeated:
         seen, self.next_index = self.next_index, max(end, self.next_index)
         steps = [s for s in event.split() if s.index + len(s.token_ids) > seen]
         return TokenEvent.coalesce(steps) if steps else None
+
+
+def deadline_of(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def block_ms(give_up: float | None, timeout: float | None, request_id: str) -> int:
+    """How long the next blocking read may wait; RequestTimeout once time is up."""
+    if give_up is None:
+        return BLOCK_MS
+    left_ms = int((give_up - time.monotonic()) * 1000)
+    if left_ms <= 0:
+        raise RequestTimeout(f"request {request_id} did not finish within {timeout}s")
+    return max(1, min(left_ms, BLOCK_MS))

@@ -12,9 +12,10 @@ changes from one send of the same request to the next:
 - ``idempotency_key``: the key itself (it names the request, it is not part of it);
 - ``deadline_ms``: clients and gateways stamp it from a relative deadline at each send;
 - ``version``: the wire schema's, which a client upgrade between retries may change;
-- the metadata a gateway or keyed client sets from the caller's API key (``tenant``,
-  ``tenant_weight``): the tenant already scopes the key (``shared.keys``), and an
-  operator may change a key's weight between a send and its retry;
+- what the submit path sets from the caller's API key (``tenant``, ``tenant_weight``;
+  metadata items of those names, where schema version 1 carried them): the tenant
+  already scopes the key (``shared.keys``), and an operator may change a key's weight
+  between a send and its retry;
 - a W3C trace context (``traceparent``, ``tracestate``), as a field or a metadata item:
   every send is its own trace.
 """
@@ -28,7 +29,15 @@ import orjson
 from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest
 
 UNBOUND_FIELDS = frozenset(
-    {"idempotency_key", "deadline_ms", "version", "traceparent", "tracestate"}
+    {
+        "idempotency_key",
+        "deadline_ms",
+        "version",
+        "traceparent",
+        "tracestate",
+        TENANT,
+        TENANT_WEIGHT,
+    }
 )
 UNBOUND_METADATA = frozenset({TENANT, TENANT_WEIGHT, "traceparent", "tracestate"})
 

@@ -21,7 +21,9 @@ from shared.priority import Priority, parse_priority
 from shared.refusal import Refusal
 from shared.tracing import check_traceparent
 
-SCHEMA_VERSION = 1
+# 2: the tenant and its weight are fields of a request (``GenerationRequest.tenant``);
+# version 1 carried them as metadata items, and is still read (``_from_version_1``).
+SCHEMA_VERSION = 2
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 # Prompt logprobs (scoring a prompt): the most alternatives a prompt position lists, and
@@ -81,12 +83,9 @@ MAX_CACHE_SALT_CHARS = 256
 # by the worker at admission without the model: the prompt (a text, or messages through
 # the chat template) as token ids, or token ids as text.
 Task = Literal["generate", "embed", "tokenize", "detokenize"]
-# The metadata item naming who submitted a request. A gateway sets it from the caller's
-# API key (never from the body); requests, their idempotency keys and their batches are
-# kept apart by it.
+# The names of a request's tenant and its weight: its fields, the request hash's field
+# (``tenant``), and the metadata items that carried them in schema version 1.
 TENANT = "tenant"
-# Its tenant's share within a priority (shared.fairness), from the caller's API key; 1
-# when absent.
 TENANT_WEIGHT = "tenant_weight"
 MIN_WEIGHT = 0.01
 MAX_WEIGHT = 1000.0
@@ -312,6 +311,33 @@ class GenerationRequest(_Strict):
     traceparent: str | None = Field(
         None, max_length=512, description="W3C trace context: the span its spans go under"
     )
+    # Who submitted it, from the caller's API key (set by ``producer.submit`` alone, never
+    # from the body or its metadata): requests, their idempotency keys, their prefix
+    # caches and their batches are kept apart by it.
+    tenant: str | None = Field(None, min_length=1, max_length=200, description="who submitted it")
+    tenant_weight: float = Field(
+        1.0, description="its tenant's share within a priority (shared.fairness)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_1(cls, data: Any) -> Any:
+        """A payload of schema version 1 (queued by an earlier release): its tenant and
+        weight from the metadata items that carried them then."""
+        if not isinstance(data, dict) or data.get("version") != 1:
+            return data
+        metadata = dict(data.get("metadata") or {})
+        moved = {name: metadata.pop(name) for name in (TENANT, TENANT_WEIGHT) if name in metadata}
+        if moved.get(TENANT) in ("", None):
+            moved.pop(TENANT, None)
+        if moved.get(TENANT_WEIGHT) is None:
+            moved.pop(TENANT_WEIGHT, None)
+        return {**data, **moved, "metadata": metadata, "version": SCHEMA_VERSION}
+
+    @field_validator("tenant_weight", mode="before")
+    @classmethod
+    def _tenant_weight(cls, value: object) -> float:
+        return check_weight(value)
 
     @field_validator("traceparent")
     @classmethod
@@ -365,20 +391,8 @@ class GenerationRequest(_Strict):
             raise ValueError("a detokenize request takes prompt_token_ids (the ids to read)")
         if not self.add_special_tokens and (self.task != "tokenize" or self.prompt is None):
             raise ValueError("add_special_tokens: false applies to tokenizing a prompt text only")
-        if TENANT_WEIGHT in self.metadata:
-            check_weight(self.metadata[TENANT_WEIGHT])
         _check_prompt_logprobs(self)
         return self
-
-    @property
-    def tenant(self) -> str | None:
-        value = self.metadata.get(TENANT)
-        return value if isinstance(value, str) and value else None
-
-    @property
-    def weight(self) -> float:
-        value = self.metadata.get(TENANT_WEIGHT)
-        return 1.0 if value is None else check_weight(value)
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:

@@ -14,6 +14,7 @@ from redis.cluster import RedisCluster
 
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
+from producer.submit import Submitter
 from shared.connection import close
 from shared.keys import Keys
 from shared.registry import mark_served
@@ -99,3 +100,10 @@ def serve(connection: redis.Redis, *models: str) -> None:
 def client(any_redis: redis.Redis, make_settings: Callable[..., Settings]) -> Client:
     serve(any_redis, DEFAULT_MODEL, "m")
     return Client(connection=any_redis, settings=make_settings(max_queued=50))
+
+
+def as_tenant(client: Client, tenant: str, weight: float = 1.0) -> Client:
+    """``client``'s connection and settings, submitting as ``tenant`` (as a trusted
+    service naming its own tenant does); not to be closed (the connection is shared)."""
+    submitter = Submitter(tenant, weight)
+    return Client(connection=client.redis, settings=client.settings, submitter=submitter)

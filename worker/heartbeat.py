@@ -5,7 +5,6 @@ whose worker died."""
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from typing import Any, Protocol
@@ -14,8 +13,8 @@ import redis
 
 from shared.connection import UNREACHABLE
 from shared.errors import ReplicationTimeout
-from shared.ops.renew import RenewCode
 from worker.lease_keeper import LeaseKeeper
+from worker.ledger import Ledger, Renewal
 from worker.queue import ModelQueue
 
 log = logging.getLogger(__name__)
@@ -25,12 +24,9 @@ class Holder(Protocol):
     """What the heartbeat needs of the worker loop it beats for."""
 
     stopping: threading.Event
-    lost: queue.SimpleQueue[str]  # leases found lost, for the loop to drop
-    cancelled: queue.SimpleQueue[str]  # cancels found asked for, for the loop to act on
+    ledger: Ledger  # what it holds: the leases to renew, and where what was learned goes
     last_turn_s: float  # when (monotonic) the loop last turned
 
-    def held_leases(self) -> dict[str, str]: ...
-    def ending(self, request_id: str) -> bool: ...
     def figures(self) -> dict[str, Any]: ...
     def warm_fingerprints(self) -> list[str]: ...
 
@@ -85,9 +81,11 @@ class Heartbeat(threading.Thread):
         self.join(timeout=5)
         self.queue.deregister()
 
-    def beat(self) -> None:
+    def beat(self) -> Renewal:
+        """One beat: renews the leases the ledger holds and returns what it renewed and
+        learned (lost leases, cancels), handed to the ledger for the loop's next turn."""
         turn_age_s = time.monotonic() - self.holder.last_turn_s
-        held = {} if self._stalled(turn_age_s) else self.holder.held_leases()
+        held = {} if self._stalled(turn_age_s) else self.holder.ledger.leases()
         fields = {**self.info, **self.holder.figures()}
         beat = self.queue.beat(held, fields, self.holder.warm_fingerprints())
         if self.keeper is not None:
@@ -96,15 +94,10 @@ class Heartbeat(threading.Thread):
         if self.last_ok_s and now_s - self.last_ok_s > 3 * self.interval_s + 1:
             self.failed_s = now_s  # Redis was away (its client retried through a failover)
         self.last_ok_s = now_s
-        for request_id, code in beat.renewed.items():
-            if code is RenewCode.LEASE_LOST and self.holder.ending(request_id):
-                continue  # its finish went out meanwhile; the finish's reply settles it
-            if code is RenewCode.LEASE_LOST:
-                log.warning("lease on %s expired; it resumes elsewhere", request_id)
-                self.holder.lost.put(request_id)
-            elif request_id in beat.cancelled:
-                self.holder.cancelled.put(request_id)
+        renewal = Renewal(held, beat.renewed, beat.cancelled)
+        self.holder.ledger.renewed(renewal)
         self._obey(beat.order)
+        return renewal
 
     def _stalled(self, turn_age_s: float) -> bool:
         """Whether the loop has not turned within the stall limit: a worker stuck for

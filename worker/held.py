@@ -1,4 +1,5 @@
-"""What a worker knows about each request it holds."""
+"""What a worker knows about each request it holds: its lease and what it published
+(where the request stands is ``worker.ledger``'s)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any
 import orjson
 
 from shared.models import FinalEvent, FinishReason, GenerationRequest, RequestState, Usage
-from shared.ops.claim import Claimed
 from shared.refusal import Refusal
 
 STATE_OF_REASON = {
@@ -31,10 +31,6 @@ class Held:
     num_prompt_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
-    aborting: bool = False
-    # Its finish is in a write (sent, or to be sent again): that write's reply settles it.
-    ending: bool = False
-    done_in_engine: bool = False  # the engine gave its last output for it
     last_token_s: float | None = None
     # Its prefix fingerprints (with prefix affinity on): published as warm while it is
     # held, since its prefill puts them in the cache.
@@ -77,44 +73,3 @@ class Held:
             stop_sequence=stop_sequence,
             refusal=refusal,
         )
-
-
-@dataclass
-class Handoffs:
-    """Requests the loop dropped while its engine still ran them, until the engine lets
-    go (its final output for them, at the next step), and claims of them made meanwhile:
-    the engine would take a second run of an id it is still ending for the first."""
-
-    aborting: set[str] = field(default_factory=set)
-    deferred: list[Claimed] = field(default_factory=list)
-
-    def dropped(self, held: Held) -> None:
-        if not held.done_in_engine:
-            self.aborting.add(held.request_id)
-
-    def let_go(self, request_id: str) -> None:
-        self.aborting.discard(request_id)
-
-    def defer(self, claimed: Claimed) -> bool:
-        """Whether ``claimed`` must wait (kept here until ``ready``)."""
-        if claimed.request_id not in self.aborting:
-            return False
-        self.deferred.append(claimed)
-        return True
-
-    def ready(self) -> list[Claimed]:
-        """Claims whose earlier run the engine has let go of, taken off the list."""
-        ready = [c for c in self.deferred if c.request_id not in self.aborting]
-        self.deferred = [c for c in self.deferred if c.request_id in self.aborting]
-        return ready
-
-    def leases(self) -> dict[str, str]:
-        """The deferred claims' leases (to renew while they wait), left on the list.
-        Read from the heartbeat's thread: a copy of the list, taken at once."""
-        return {c.request_id: c.lease_token for c in list(self.deferred)}
-
-    def take_leases(self) -> dict[str, str]:
-        """The deferred claims' leases (to hand back), taken off the list."""
-        leases = {c.request_id: c.lease_token for c in self.deferred}
-        self.deferred = []
-        return leases

@@ -224,7 +224,7 @@ class ModelQueue:
             return []
         finals = [(h, FinalEvent.model_validate_json(f.final_json)) for h, f in done]
         charges = [
-            Charge(h.request.priority, h.request.tenant, units(n, h.request.weight))
+            Charge(h.request.priority, h.request.tenant, units(n, h.request.tenant_weight))
             for h, final in finals
             if (n := excess_tokens(h.request, final.usage.prompt_tokens,
                                    final.usage.completion_tokens))

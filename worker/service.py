@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
 from concurrent import futures
@@ -28,7 +27,8 @@ from worker.admission import engine_request, restore
 from worker.coalesce import Coalescer
 from worker.engine.outputs import RequestOutput
 from worker.engine_like import EngineGone, EngineLike, admission_error
-from worker.held import Handoffs, Held
+from worker.held import Held
+from worker.ledger import RENEWED, Ledger, News, Run, Stage
 from worker.metrics import WorkerMetrics
 from worker.prefix_cuts import PrefixCuts
 from worker.publisher import Action, Planned, finish_of, plan_step, settle
@@ -71,8 +71,8 @@ class WorkerService:
         self.worker_id = worker_id
         self.metrics = metrics or WorkerMetrics(model)
         self.queue = ModelQueue(connection, settings, model, worker_id)
-        self.held: dict[str, Held] = {}
-        self.held_lock = threading.Lock()
+        # Every run of a request this worker holds, from its claim to its end.
+        self.ledger = Ledger()
         self.stopping = threading.Event()
         self.num_generated_tokens = 0
         # Step outputs held for the next write, and a write not yet acknowledged.
@@ -83,9 +83,6 @@ class WorkerService:
         # Off: lock-step, each write acted on after the one step it overlaps and claims
         # made between steps (the protocol's tests step the loop so, one turn at a time).
         self.overlap_redis = True
-        # Filled by the heartbeat thread, applied by the loop between steps.
-        self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.cancelled: queue.SimpleQueue[str] = queue.SimpleQueue()
         # When the loop last turned: past TOKENQ_WORKER_STALL_LIMIT_MS, leases lapse.
         self.last_turn_s = time.monotonic()
         # Writes go to Redis from this thread while the engine computes the next step.
@@ -93,14 +90,15 @@ class WorkerService:
         # Claims go out from this thread while the engine computes (see ``intake``).
         self.claimer = futures.ThreadPoolExecutor(1, thread_name_prefix="tokenq-claim")
         self.claiming: futures.Future[list[Claimed]] | None = None
-        # What the claim in flight took (id -> lease token), from its return until the
-        # loop admits it: renewed with what is held (see ``_claim_in_flight``).
-        self.claimed: dict[str, str] = {}
         self.next_resumed_poll_s = 0.0  # with no room for new work, claims wait till then
         self._rate = (0, time.monotonic())  # tokens and when, at the last figures
-        self.handoffs = Handoffs()  # dropped while the engine ran them; claimed again
         self.prefix_cuts = PrefixCuts(engine) if settings.prefix_affinity else None
         self.traces = worker_traces(engine, worker_id)  # None: tracing is off
+
+    @property
+    def held(self) -> dict[str, Held]:
+        """The records of the runs the engine runs for this worker, by request id."""
+        return self.ledger.held
 
     def run(self, burst: bool = False) -> None:
         """Serve until stopped; ``burst`` returns once the queue and the engine are empty.
@@ -166,14 +164,11 @@ class WorkerService:
         self.claimer.shutdown()
 
     def release_all(self) -> int:
-        held = {**self.held_leases(), **self.handoffs.take_leases()}
+        held = self.ledger.release_all()
         if not held:
             return 0
         released = sum(m.fenced for m in self.queue.release(held))
         log.info("handed back %d request(s) to the queue", released)
-        with self.held_lock:
-            self.held.clear()
-            self.claimed.clear()
         if self.traces is not None:
             self.traces.ended_all("handed back")
         return released
@@ -223,7 +218,10 @@ class WorkerService:
         clock = self.coalescer.clock  # one clock for the step time and the window
         started = clock()
         outputs = self.engine.step()
-        self.coalescer.add(outputs, step_s=clock() - started)
+        # A run handed back publishes nothing more here, its last output included (a
+        # claim of its id waiting would otherwise take it for its own).
+        ours = [o for o in outputs if not self.ledger.handed_back(o.request_id)]
+        self.coalescer.add(ours, step_s=clock() - started)
         if self.traces is not None:
             self.traces.stepped(outputs)
         for out in outputs:
@@ -231,12 +229,10 @@ class WorkerService:
                 self._engine_let_go(out)
 
     def _engine_let_go(self, out: RequestOutput) -> None:
-        held = self.held.get(out.request_id)
-        if held is not None:
-            held.done_in_engine = True
-            held.num_prefix_queried_tokens = out.num_prefix_queried_tokens
-            held.num_prefix_hit_tokens = out.num_prefix_hit_tokens
-        self.handoffs.let_go(out.request_id)
+        run = self.ledger.engine_let_go(out.request_id)
+        if run is not None and run.held is not None:
+            run.held.num_prefix_queried_tokens = out.num_prefix_queried_tokens
+            run.held.num_prefix_hit_tokens = out.num_prefix_hit_tokens
         if self.traces is not None:
             self.traces.left_engine(out.request_id)
 
@@ -264,9 +260,8 @@ class WorkerService:
                 return None
             self.pending = self.coalescer.take()
             for out in self.pending:
-                held = self.held.get(out.request_id) if out.finish_reason else None
-                if held is not None:
-                    held.ending = True
+                if out.finish_reason is not None:
+                    self.ledger.finishing(out.request_id)
         return self.pending
 
     def _settle(self, pairs: list[tuple[Planned, Written]]) -> None:
@@ -287,18 +282,21 @@ class WorkerService:
     def _act(self, planned: Planned, action: Action, written: Written, now_s: float) -> int:
         """Apply one acknowledged reply; returns how many tokens it published."""
         held, num_tokens = planned.held, 0
+        run = self.ledger.run_of(held)
+        if run is None:
+            return 0  # about a run since settled or handed back: nothing to do
         if action not in (Action.DROP, Action.RESYNC):
             num_tokens = planned.num_tokens
             if held.last_token_s is not None and num_tokens:
                 self.metrics.on_token_gap(now_s - held.last_token_s, num_tokens)
             held.last_token_s = now_s
         if action is Action.CANCEL:
-            self._abort(held.request_id, FinishReason.CANCELLED)
+            self._abort(run, FinishReason.CANCELLED)
         elif action is Action.DROP:
             log.warning("lease on %s lost; another worker resumes it", held.request_id)
-            self._drop(held.request_id)
+            self._drop(run)
         elif action is Action.RESYNC:
-            self._drop(held.request_id)
+            self._drop(run)
         elif action is Action.DONE and written.finished is not None:
             final = FinalEvent.model_validate_json(written.finished.final_json)
             self.metrics.on_finish(held.request.priority, final)
@@ -308,34 +306,37 @@ class WorkerService:
             )
             if self.traces is not None:
                 self.traces.finished(held.request_id, final)
-            if planned.output.error is not None and not held.done_in_engine:
-                self._abort(held.request_id, FinishReason.ERROR)  # it failed on the way out
-            with self.held_lock:
-                self.held.pop(held.request_id, None)
+            if planned.output.error is not None and not run.engine_done:
+                self._abort(run, FinishReason.ERROR)  # it failed on the way out
+            self.ledger.hand_back(run)  # settled (HANDED_BACK until the engine lets go)
         return num_tokens
 
     def _apply_heartbeat_news(self) -> None:
-        while not self.lost.empty():
-            self._drop(self.lost.get())
-        while not self.cancelled.empty():
-            self._abort(self.cancelled.get(), FinishReason.CANCELLED)
+        """What the heartbeat learned about the runs it renewed."""
+        for run, news in self.ledger.take_news():
+            if run.stage not in RENEWED:
+                continue  # handed back by an earlier item (a lost lease and a cancel, say)
+            if news is News.LOST:
+                log.warning("lease on %s expired; it resumes elsewhere", run.request_id)
+                self._drop(run)
+            elif run.held is not None:  # in the engine: it ends there
+                self._abort(run, FinishReason.CANCELLED)
 
-    def _abort(self, request_id: str, reason: FinishReason) -> None:
-        held = self.held.get(request_id)
-        if held is not None and not held.aborting:
-            held.aborting = True
-            self.engine.abort_request(request_id, reason)
+    def _abort(self, run: Run, reason: FinishReason) -> None:
+        """Ask the engine to end ``run`` (once)."""
+        if not run.abort_asked:
+            run.abort_asked = True
+            self.engine.abort_request(run.request_id, reason)
 
-    def _drop(self, request_id: str) -> None:
+    def _drop(self, run: Run) -> None:
+        """``run`` is no longer this worker's: the engine ends it, nothing more of it is
+        published, and a claim of its id waits for the engine to let go."""
         if self.traces is not None:
-            self.traces.ended(request_id, "lease lost")
-        held = self.held.get(request_id)
-        if held is not None:
-            self.handoffs.dropped(held)
-        self._abort(request_id, FinishReason.CANCELLED)
-        self.coalescer.discard(request_id)
-        with self.held_lock:
-            self.held.pop(request_id, None)
+            self.traces.ended(run.request_id, "lease lost")
+        if run.held is not None:
+            self._abort(run, FinishReason.CANCELLED)
+            self.coalescer.discard(run.request_id)
+        self.ledger.hand_back(run)
 
     def intake(self) -> int:
         """Claim as many requests as the engine has room for; returns how many were
@@ -382,52 +383,57 @@ class WorkerService:
         self, room: int, free: int, max_lora_rank: int, guided: bool
     ) -> list[Claimed]:
         """A claim on the claimer thread. What it took is renewed by the heartbeat from
-        the moment it returns, though the loop admits it only after the step under way:
-        on a loaded host a step can outlast a lease, and a lease lapsed there would take
-        a request from a live worker (and an attempt with it) for nothing."""
-        claimed = self._claim(room, free, max_lora_rank, guided)
-        with self.held_lock:
-            self.claimed.update({c.request_id: c.lease_token for c in claimed})
-        return claimed
+        the moment it returns (the ledger has it CLAIMED), though the loop admits it only
+        after the step under way: on a loaded host a step can outlast a lease, and a
+        lease lapsed there would take a request from a live worker (and an attempt with
+        it) for nothing."""
+        return self._claim(room, free, max_lora_rank, guided)
 
     def _claim(self, room: int, free: int, max_lora_rank: int, guided: bool) -> list[Claimed]:
         started_ns = time.time_ns()
         claimed = self.queue.claim(room, free, max_lora_rank, guided)
+        self.ledger.claim(claimed)
         if self.traces is not None:
             self.traces.claimed(claimed, started_ns)
         return claimed
 
     def _admit_all(self, claimed: list[Claimed]) -> None:
         self.metrics.on_claimed(sum(c.by_affinity for c in claimed))
-        try:
-            for c in [*self.handoffs.ready(), *claimed]:
-                self._admit(c)
-        finally:  # admitted, ended or deferred: no longer the claim's to renew
-            with self.held_lock:
-                for c in claimed:
-                    self.claimed.pop(c.request_id, None)
+        runs = self.ledger.to_admit(claimed)
+        for at, run in enumerate(runs):
+            try:
+                self._admit(run)
+            except BaseException:
+                self.ledger.abandon(runs[at:])  # their leases lapse: none of them runs here
+                raise
 
-    def _admit(self, claimed: Claimed) -> None:
-        """Hand a claimed request to the engine. It is held (its lease renewed) only once
-        the engine has it: if Redis fails before that, the lease lapses and the reaper
-        puts the request back, so nothing is kept alive that will never run. One this
-        worker dropped and claims again before its engine let go of the last run waits
-        for the next step (the engine would take the two runs for one)."""
-        if self.handoffs.defer(claimed):
+    def _admit(self, run: Run) -> None:
+        """Hand a claimed request to the engine. If Redis fails before the engine has it,
+        its lease is no longer renewed (``_admit_all``): it lapses and the reaper puts the
+        request back, so nothing is kept alive that will never run. A request claimed
+        again while the engine still runs an earlier run of it here waits for the engine
+        to let go of that run (the engine would take the two runs for one); that earlier
+        run's lease was taken, or this claim could not have been made: it is handed back."""
+        earlier = self.ledger.in_engine(run.request_id)
+        if earlier is not None and earlier.stage in (Stage.RUNNING, Stage.FINISHING):
+            self._drop(earlier)
+        if self.ledger.in_engine(run.request_id) is not None:
+            self.ledger.wait(run)
             return
+        claimed = run.claimed
         started_ns = time.time_ns()
         try:
             request = GenerationRequest.model_validate_json(claimed.payload)
         except ValidationError as e:
-            self._dead_letter(claimed, e)
+            self._dead_letter(run, e)
             return
         if request.task in TOKENIZER_TASKS:
-            self._answer_now(Held(claimed.request_id, claimed.lease_token, request))
+            self._answer_now(run, Held(claimed.request_id, claimed.lease_token, request))
             return
         salt = cache_salt(request, self.settings)
         fps = tuple(fingerprints(request, salt)) if self.prefix_cuts else ()
         held = Held(claimed.request_id, claimed.lease_token, request, fingerprints=fps)
-        if claimed.num_generated and not self._restore(held):
+        if claimed.num_generated and not self._restore(run, held):
             return
         try:
             self.engine.add_request(engine_request(self.engine, self.queue, held, self.prefix_cuts))
@@ -437,27 +443,27 @@ class WorkerService:
             error, refusal = admission_error(held.request_id, e)
             if self.traces is not None:
                 self.traces.admitted(claimed, held, started_ns, error)
-            self._end_now(held, FinishReason.ERROR, error, refusal=refusal)
+            self._end_now(run, held, FinishReason.ERROR, error, refusal=refusal)
             return
         if self.traces is not None:
             self.traces.admitted(claimed, held, started_ns)
-        with self.held_lock:
-            self.held[held.request_id] = held
+        self.ledger.admitted(run, held)
 
-    def _answer_now(self, held: Held) -> None:
+    def _answer_now(self, run: Run, held: Held) -> None:
         """A request for the tokenizer alone, answered and ended at once: the engine never
         sees it. What the tokenizer refuses ends it with that error."""
         try:
             final = tokenizer_answer(self.engine, held.request)
         except Exception as e:  # this request's alone, as at admission
             error, refusal = admission_error(held.request_id, e)
-            self._end_now(held, FinishReason.ERROR, error, refusal=refusal)
+            self._end_now(run, held, FinishReason.ERROR, error, refusal=refusal)
             return
         output = held.output_json()
         self.queue.finish_now(held, Finish(held.request_id, held.lease_token, final, output,
                                            Fate.FINISHED))  # fmt: skip
+        self.ledger.settle(run)
 
-    def _restore(self, held: Held) -> bool:
+    def _restore(self, run: Run, held: Held) -> bool:
         """Take back what earlier attempts published; False when its stream cannot be
         read back (the request ends with that error, after whatever the stream holds)."""
         try:
@@ -467,12 +473,13 @@ class WorkerService:
         except Exception as e:
             log.warning("request %s: its stream cannot be read back: %r", held.request_id, e)
             error = f"internal error: cannot resume: its stream holds an unreadable entry ({e})"
-            self._end_now(held, FinishReason.ERROR, error, whole_stream=True)
+            self._end_now(run, held, FinishReason.ERROR, error, whole_stream=True)
             return False
         return True
 
     def _end_now(
         self,
+        run: Run,
         held: Held,
         reason: FinishReason,
         error: str,
@@ -486,27 +493,13 @@ class WorkerService:
         num_published = None if state is Fate.DEAD or whole_stream else len(held.token_ids)
         finish = finish_of(held, reason, error, state, num_published, refusal)
         self.queue.finish_now(held, finish)
-        with self.held_lock:
-            self.held.pop(held.request_id, None)
+        self.ledger.settle(run)
 
-    def _dead_letter(self, claimed: Claimed, error: ValidationError) -> None:
-        log.error("request %s has an unreadable payload; dead-lettered", claimed.request_id)
+    def _dead_letter(self, run: Run, error: ValidationError) -> None:
+        log.error("request %s has an unreadable payload; dead-lettered", run.request_id)
         stub = GenerationRequest(model=self.model, prompt="(unreadable)")
-        held = Held(claimed.request_id, claimed.lease_token, stub)
-        self._end_now(held, FinishReason.ERROR, f"unreadable payload: {error}", state=Fate.DEAD)
-
-    def ending(self, request_id: str) -> bool:
-        """Whether a lease the heartbeat found gone needs no action: the request's finish
-        is in a write (whose reply settles it), or it is no longer held."""
-        held = self.held.get(request_id)
-        return held is None or held.ending
-
-    def held_leases(self) -> dict[str, str]:
-        """The leases to renew: what the engine runs, what a claim brought that the loop
-        has not admitted yet, and claims waiting for the engine to let go of a run."""
-        with self.held_lock:
-            held = {rid: h.lease_token for rid, h in self.held.items()}
-            return {**self.claimed, **self.handoffs.leases(), **held}
+        held = Held(run.request_id, run.lease_token, stub)
+        self._end_now(run, held, FinishReason.ERROR, f"unreadable payload: {error}", Fate.DEAD)
 
     def warm_fingerprints(self) -> list[str]:
         """The prefix fingerprints this worker holds warm, for the heartbeat to publish,
@@ -514,8 +507,7 @@ class WorkerService:
         half the set), then those the engine holds cached."""
         if not self.prefix_cuts:
             return []
-        with self.held_lock:
-            held = [fp for h in reversed(self.held.values()) for fp in h.fingerprints]
+        held = self.ledger.fingerprints()
         cached = self.engine.warm_fingerprints(MAX_WARM)
         newest = list(dict.fromkeys(held))[: MAX_WARM // 2]
         return list(dict.fromkeys([*newest, *cached]))[:MAX_WARM]
@@ -529,7 +521,7 @@ class WorkerService:
         self._rate = (tokens, now)
         queries = max(stats.get("prefix_cache_queries", 0), 1)
         return {
-            "running": len(self.held),
+            "running": self.ledger.num_running,
             "tokens_per_s": round((tokens - last_tokens) / max(now - last_s, 1e-6), 1),
             "kv_cache_usage": round(stats.get("kv_cache_usage", 0.0), 3),
             "prefix_cache_hit_rate": round(stats.get("prefix_cache_hits", 0) / queries, 3),

@@ -42,7 +42,7 @@ from producer.responses.plan import response_plan
 from producer.responses.schemas import ResponsesBody
 from shared.chat import ChatFeatures
 from shared.errors import InvalidRequest
-from shared.models import MAX_METADATA_ITEMS, TENANT, GenerationRequest
+from shared.models import MAX_METADATA_ITEMS, GenerationRequest
 from shared.priority import Priority
 from shared.settings import Settings
 
@@ -50,7 +50,7 @@ Body = Mapping[str, Any]
 FeaturesOf = Callable[[str], ChatFeatures | None]
 M = TypeVar("M", bound=BaseModel)
 # The driver sets each line's priority and tenant; parsing only checks the body.
-BATCH_ORIGIN = Origin(None, int(Priority.NORMAL))
+BATCH_ORIGIN = Origin(int(Priority.NORMAL))
 URL_KINDS: dict[str, Kind] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
@@ -70,7 +70,8 @@ LIVE_ONLY = {
     "echo": "a batch line's answer is not rendered with its prompt; leave echo out or false",
     "prompt_logprobs": "a batch line's answer does not carry prompt logprobs; leave it out",
 }
-# The driver adds batch_id, custom_id and tenant to each line's metadata.
+# The driver adds batch_id and custom_id to each line's metadata (and kept a third item
+# for the tenant before the tenant was a field of the request: the bound is unchanged).
 MAX_LINE_METADATA = MAX_METADATA_ITEMS - 3
 # What a responses line may not say, and why (absent or false is fine).
 RESPONSE_LIVE_ONLY = {
@@ -269,9 +270,8 @@ def _validated(model: type[M], body: Body) -> M:
 
 
 def _settled(request: GenerationRequest, settings: Settings) -> GenerationRequest:
-    """The request without the parsing caller's tenant, checked as a submit checks it."""
-    metadata = {k: v for k, v in request.metadata.items() if k != TENANT}
-    if len(metadata) > MAX_LINE_METADATA:
+    """The request checked as a submit checks it."""
+    if len(request.metadata) > MAX_LINE_METADATA:
         message = f"metadata: at most {MAX_LINE_METADATA} items in a batch line"
         raise invalid(message, "metadata")
-    return validate_request(settings, request.model_copy(update={"metadata": metadata}))
+    return validate_request(settings, request)

@@ -20,9 +20,10 @@ from producer.batch.lines import BatchLine
 from producer.batch.models import BatchState
 from producer.batch.output import error_line, refused_line
 from producer.requests import choice_requests
+from producer.submit import Submitter, as_submitted
 from shared.errors import MissingCapability
 from shared.flows import Enqueued, drive, ended_flow, enqueue_flow, refusal
-from shared.models import TENANT, GenerationRequest
+from shared.models import GenerationRequest
 from shared.ops.moves import EndScript
 from shared.ops.submit import EnqueueOutcome
 from shared.refusal import RequestRefused
@@ -126,8 +127,7 @@ def _requests(
     batch_id: str, priority: int, tenant: str | None, line: BatchLine, request: GenerationRequest
 ) -> list[GenerationRequest]:
     metadata = {**request.metadata, "batch_id": batch_id, "custom_id": line.custom_id}
-    if tenant is not None:  # whatever a line's own metadata claims
-        metadata[TENANT] = tenant
+    request = as_submitted(request, Submitter(tenant))  # the batch's tenant, as it was submitted
     update = {
         "priority": priority,
         "idempotency_key": f"{batch_id}:{line.custom_id}",

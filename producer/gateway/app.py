@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from producer.api_keys import load_api_keys
 from producer.body_guard import BodyGuard, Gate
 from producer.dashboard.auth import act_refusal
 from producer.dashboard.config import DashboardConfig, load_config
@@ -21,7 +22,7 @@ from producer.gateway import batches, files, health, native, openai_embeddings, 
 from producer.gateway.anthropic_routes import router as anthropic_router
 from producer.gateway.auth import key_refusal
 from producer.gateway.backend import Backend
-from producer.gateway.config import GatewayConfig, load_api_keys
+from producer.gateway.config import GatewayConfig
 from producer.gateway.errors import install_error_handlers
 from producer.gateway.hub import gateway_hub
 from producer.gateway.metrics import GatewayMetrics

@@ -18,8 +18,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.responses import Response
 
-from producer.gateway.config import ApiKeys
+from producer.api_keys import ApiKeys
 from producer.gateway.errors import ApiError, error_response
+from producer.submit import Submitter
 from shared.priority import MAX_PRIORITY, Priority, parse_priority, priority_name
 from shared.ratelimit import Limits
 
@@ -35,6 +36,12 @@ class Principal:
     weight: float = 1.0
     limits: Limits = field(default_factory=Limits)
     bucket: str = ""
+
+    @property
+    def submitter(self) -> Submitter:
+        """Who its requests are submitted as (``producer.submit``): its tenant, weight
+        and rate limits."""
+        return Submitter(self.tenant, self.weight, self.limits, self.bucket)
 
     @property
     def scope(self) -> str | None:

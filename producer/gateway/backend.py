@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -20,21 +19,19 @@ from producer.gateway.registry import ModelRegistry
 from producer.gateway.tracing import StreamTraces, with_incoming
 from producer.requests import validate_request
 from producer.streams.entries import Entry, UnrepeatedEntries
-from producer.traced import submit_spans
+from producer.submit import AsyncSubmit
 from shared.errors import NotFound
-from shared.flows import Enqueued, accepted, cancel_flow, drive_async, enqueue_flow
+from shared.flows import cancel_flow, drive_async
 from shared.keys import Keys
 from shared.limits import AsyncLimitsCache
 from shared.loras import split_model
 from shared.models import (
     TENANT,
-    TENANT_WEIGHT,
     FinalEvent,
     GenerationRequest,
     RequestStatus,
     Result,
 )
-from shared.ratelimit import headers, limited_enqueue_flow, rate_limited
 from shared.reads import run_read_async, view_read
 from shared.refusal import RequestRefused
 from shared.replication import Replicas
@@ -69,50 +66,24 @@ class Backend:
         self.registry = ModelRegistry(connection, self.keys, config.models_cache_s)
         self.limits = AsyncLimitsCache(connection, self.keys)  # what the model's workers take
         self._scripts = AsyncScripts(connection, Replicas.of(settings))
+        self._submit = AsyncSubmit(self.keys, settings, self._scripts, self.limits)
         self.traces = StreamTraces(connection, self.keys)
 
-    async def submit(
-        self, request: GenerationRequest, api: str, caller: Principal | None = None
-    ) -> Submitted:
+    async def submit(self, request: GenerationRequest, api: str, caller: Principal) -> Submitted:
         """Enqueue ``request``; UnknownModel (404) for a model no worker has served lately
         (the enqueue script decides, per TOKENQ_REQUIRE_KNOWN_MODEL); RateLimited (429)
         when the caller's key is over a limit; a 400 in ``api``'s shape, naming the
         field, for what the model's registered limits refuse. The caller's key sets its
-        weight."""
-        if caller is not None:
-            request = weighted(request, caller.weight)
-        request = with_incoming(validate_request(self.settings, request))
+        tenant and weight (``producer.submit``, the path every client takes too)."""
         try:  # what no worker of the model would run is refused before it is queued
-            await self.limits.check([request])
+            done = await self._submit(caller.submitter, [with_incoming(request)])
         except RequestRefused as e:
             raise refused(e, api) from e
-        with submit_spans([request]) as traced:
-            request = traced.requests[0]
-            enqueued, rate_headers = await self._enqueue(request, caller)
-            traced.enqueued([enqueued])
-            accepted([enqueued], [request], self.settings)
-        self.traces.submitted(enqueued.request_id, request)
+        (enqueued,), (queued,) = done.enqueued, done.requests
+        self.traces.submitted(enqueued.request_id, queued)
         if not enqueued.duplicate:
-            self.metrics.accepted(request.model, request.priority, api)
-        return Submitted(enqueued.request_id, enqueued.duplicate, request, rate_headers)
-
-    async def _enqueue(
-        self, request: GenerationRequest, caller: Principal | None
-    ) -> tuple[Enqueued, dict[str, str]]:
-        """The enqueue's outcome, and the caller's x-ratelimit-* figures when it has limits."""
-        if caller is None or not caller.limits.any:
-            (enqueued,) = await drive_async(
-                self._scripts, enqueue_flow(self.keys, self.settings, [request])
-            )
-            return enqueued, {}
-        now_ms = int(time.time() * 1000)
-        flow = limited_enqueue_flow(
-            self.keys, self.settings, caller.bucket, caller.limits, [request], now_ms
-        )
-        done, verdict = await drive_async(self._scripts, flow)
-        if verdict is not None and not verdict.ok:
-            raise rate_limited(verdict)
-        return done[0], {} if verdict is None else headers(verdict)
+            self.metrics.accepted(queued.model, queued.priority, api)
+        return Submitted(enqueued.request_id, enqueued.duplicate, queued, done.rate_headers)
 
     async def with_adapter(self, request: GenerationRequest) -> GenerationRequest:
         """``model: "base:adapter"`` (an OpenAI body's way to name a LoRA adapter) as
@@ -235,12 +206,3 @@ def get_backend(request: Request) -> Backend:
 
 
 BackendDep = Annotated[Backend, Depends(get_backend)]
-
-
-def weighted(request: GenerationRequest, weight: float) -> GenerationRequest:
-    """The request with its key's weight, whatever its body's metadata said (1, the
-    default, is left unsaid)."""
-    metadata = {k: v for k, v in request.metadata.items() if k != TENANT_WEIGHT}
-    if weight != 1.0:
-        metadata[TENANT_WEIGHT] = weight
-    return request.model_copy(update={"metadata": metadata})

@@ -43,8 +43,9 @@ def gateway(
     """Serve the OpenAI-compatible and native HTTP API (API keys from TOKENQ_API_KEYS)."""
     import uvicorn
 
+    from producer.api_keys import load_api_keys
     from producer.cli_options import settings_for
-    from producer.gateway.config import GatewayConfig, load_api_keys
+    from producer.gateway.config import GatewayConfig
     from shared.errors import InvalidRequest
 
     logging.basicConfig(

@@ -218,7 +218,7 @@ def _request(body: SubmitBody, caller: Principal, settings: Settings) -> Generat
         "sampling": body.sampling,
         "deadline_ms": deadline_ms(body.deadline),
         "idempotency_key": body.idempotency_key,
-        "metadata": {**body.metadata, "tenant": caller.tenant},
+        "metadata": body.metadata,
         "cache_salt": body.cache_salt,
     }
     try:

@@ -112,8 +112,8 @@ async def completions(
 
 
 def origin(caller: Principal, asked: int | str | None) -> Origin:
-    """The caller's tenant and the priority its body asks for, checked against its key."""
-    return Origin(caller.tenant, priority_for(caller, asked))
+    """The priority the caller's body asks for, checked against its key."""
+    return Origin(priority_for(caller, asked))
 
 
 @router.get("/models", response_model=ModelList, responses=error_responses(401, 503))

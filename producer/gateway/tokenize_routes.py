@@ -16,7 +16,7 @@ from producer.gateway.errors import error_responses, invalid
 from producer.gateway.openai_routes import chat_features, origin
 from producer.gateway.tokenizer_calls import ask_tokenizer, max_model_len, tokenizer_request
 from producer.openai.errors import from_validation_errors
-from producer.openai.requests import Origin, chat_request, tenant_metadata
+from producer.openai.requests import Origin, chat_request
 from producer.openai.schemas import ChatCompletionRequest
 from producer.openai.tokenization import (
     DetokenizeRequest,
@@ -106,6 +106,6 @@ def _check(body: TokenizeRequest) -> None:
 def _built(model: str, where: Origin, inputs: Mapping[str, object]) -> GenerationRequest:
     data = {"model": model, **inputs, "priority": where.priority}
     try:
-        return GenerationRequest.model_validate({**data, "metadata": tenant_metadata(where)})
+        return GenerationRequest.model_validate(data)
     except ValidationError as e:
         raise from_validation_errors(e.errors()) from e

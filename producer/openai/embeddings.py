@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from producer.openai.errors import from_validation_errors, invalid
-from producer.openai.requests import Origin, deadline_ms, tenant_metadata
+from producer.openai.requests import Origin, deadline_ms
 from producer.openai.schemas import QueueFields
 from shared.models import MAX_EMBEDDING_DIMENSIONS, FinalEvent, GenerationRequest
 
@@ -62,7 +62,7 @@ def embed_requests(body: EmbeddingRequest, origin: Origin) -> list[GenerationReq
         "dimensions": body.dimensions,
         "priority": origin.priority,
         "deadline_ms": deadline_ms(body.deadline),
-        "metadata": {**extra, **tenant_metadata(origin)},
+        "metadata": extra,
     }
     key = body.idempotency_key
     try:

@@ -36,7 +36,7 @@ from producer.openai.tools import (
 from producer.requests import choice_requests
 from shared.chat import ChatFeatures
 from shared.guided import UnsupportedSchema, check_json_schema, closed_schema, strict_schema
-from shared.models import MAX_N, OPENAI_PASSTHROUGH_SAMPLING, TENANT, GenerationRequest
+from shared.models import MAX_N, OPENAI_PASSTHROUGH_SAMPLING, GenerationRequest
 
 # The most requests one completions call makes (its prompts times n).
 MAX_CHOICES = 256
@@ -44,10 +44,10 @@ MAX_CHOICES = 256
 
 @dataclass(frozen=True)
 class Origin:
-    """Who sends a body, and the priority it runs at (the gateway checks the body's
-    priority against the caller's API key; a batch sets its own)."""
+    """The priority a body runs at (the gateway checks the body's priority against the
+    caller's API key; a batch sets its own). Who sends it is the submit path's to say
+    (``producer.submit``)."""
 
-    tenant: str | None
     priority: int
 
 
@@ -262,17 +262,13 @@ def _build(
         "priority": origin.priority,
         "deadline_ms": deadline_ms(body.deadline),
         "idempotency_key": body.idempotency_key,
-        "metadata": {**(metadata or {}), **extra, **tenant_metadata(origin)},
+        "metadata": {**(metadata or {}), **extra},
         "cache_salt": body.cache_salt,
     }
     try:
         return GenerationRequest.model_validate(data)
     except ValidationError as e:
         raise from_validation_errors(e.errors(), strip=("sampling",)) from e
-
-
-def tenant_metadata(origin: Origin) -> dict[str, str]:
-    return {} if origin.tenant is None else {TENANT: origin.tenant}
 
 
 def deadline_ms(deadline_s: float | None, param: str = "deadline") -> int | None:

@@ -125,7 +125,7 @@ class Enqueue:
                 keys.lifecycle_channel(),
                 "1" if settings.require_known_model else "0",
                 fair_member(req.priority, req.tenant),
-                units(estimated_tokens(req), req.weight),
+                units(estimated_tokens(req), req.tenant_weight),
                 req.lora or "",
                 GUIDED_MARK if req.sampling.guided else 0,
                 " ".join(fingerprints(req, cache_salt(req, settings))),

@@ -12,13 +12,14 @@ import redis
 from redis.cluster import RedisCluster
 from typer.testing import CliRunner
 
+from producer.api_keys import parse_api_keys
 from producer.batch.cli import batch_app
 from producer.batch.models import BatchState
 from producer.batch.ops import Batches
 from producer.client import Client
 from producer.embedded import EmbeddedRedis
 from producer.gateway.app import create_app
-from producer.gateway.config import GatewayConfig, parse_api_keys
+from producer.gateway.config import GatewayConfig
 from shared.keys import BatchKeys
 from shared.settings import Settings
 from tests.cluster import LocalCluster

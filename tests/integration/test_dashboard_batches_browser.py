@@ -19,7 +19,7 @@ from producer.client import Client
 from producer.embedded import EmbeddedRedis, free_port
 from shared.keys import Keys
 from shared.settings import Settings
-from tests.conftest import serve
+from tests.conftest import as_tenant, serve
 from tests.integration.faults import wait_until
 from tests.integration.processes import started
 from tests.integration.test_dashboard_browser import TOKEN, _launch, _status
@@ -73,7 +73,7 @@ def test_a_running_batch_moves_on_the_page_and_its_cancel_stops_it(
     serve(real_redis, SIM)
     wait_until(lambda: bool(real_redis.zcard(Keys().workers())), 60, "the worker to register")
     client = Client(connection=real_redis, settings=Settings(redis_url=redis_server.url))
-    client.submit("one for acme", model=SIM, max_tokens=2, metadata={"tenant": "acme"}).result(60)
+    as_tenant(client, "acme").submit("one for acme", model=SIM, max_tokens=2).result(60)
     batches = Batches(client, rq_batch_settings())
     batch_id = batches.submit(_jsonl(NUM_LINES), tenant="acme")
     with sync_playwright() as playwright:

@@ -15,11 +15,10 @@ from producer.cli import app
 from producer.client import Client, Handle
 from producer.embedded import EmbeddedRedis
 from shared.keys import Keys
-from shared.models import TENANT, TENANT_WEIGHT
 from shared.replies import text
 from shared.settings import Settings
 from shared.usage import last_hours, read_usage, totals
-from tests.conftest import serve
+from tests.conftest import as_tenant, serve
 from tests.integration.faults import wait_until
 from worker.sim_fleet import sim_fleet
 
@@ -38,11 +37,10 @@ def client(redis_server: EmbeddedRedis, real_redis: redis.Redis) -> Iterator[Cli
 
 
 def submit(client: Client, tenant: str, n: int, weight: float = 1.0, **kw: Any) -> list[Handle]:
-    meta = {TENANT: tenant, TENANT_WEIGHT: weight}
     max_tokens = kw.pop("max_tokens", 4)
-    body = {"model": SIM, "prompt": "a b c d", "metadata": meta, **kw}
+    body = {"model": SIM, "prompt": "a b c d", **kw}
     body["sampling"] = {"max_tokens": max_tokens}
-    return client.submit_many([dict(body) for _ in range(n)])
+    return as_tenant(client, tenant, weight).submit_many([dict(body) for _ in range(n)])
 
 
 def times(client: Client, handles: list[Handle], field: str) -> list[int]:

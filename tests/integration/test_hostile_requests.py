@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from producer.client import Client, Handle
-from producer.keyed import submit_flow
+from producer.submit import Submitter, enqueued_flow
 from shared.errors import InvalidRequest, MissingCapability
 from shared.flows import accepted, drive
 from shared.keys import Keys, model_tag
@@ -53,7 +53,8 @@ def by_hand(client: Client, **fields: Any) -> Handle:
     """Submitted past the client's checks against the registered limits, as another
     client (or an older one) could."""
     req = GenerationRequest.model_validate({"model": DEFAULT_MODEL, **fields})
-    enqueued = drive(client._scripts, submit_flow(client.keys, client.settings, None, [req]))
+    flow = enqueued_flow(client.keys, client.settings, Submitter(), [req])
+    enqueued, _ = drive(client._scripts, flow)
     [request_id] = accepted(enqueued, [req], client.settings)
     return client.handle(request_id)
 

@@ -15,7 +15,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from producer.aio import AsyncClient, AsyncHandle
-from producer.client import MAX_LOOKUPS, Client, Handle
+from producer.client import Client, Handle
+from producer.following import MAX_LOOKUPS
 from shared.connection import close, connect, connect_async, is_cluster
 from shared.keys import Keys
 from shared.models import FinalEvent, StreamEvent, TokenEvent

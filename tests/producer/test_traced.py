@@ -13,9 +13,8 @@ from producer import AsyncClient, Client
 from producer.embedded import EmbeddedRedis
 from shared import tracing
 from shared.errors import InvalidRequest
-from shared.models import TENANT
 from shared.settings import DEFAULT_MODEL, Settings
-from tests.conftest import serve
+from tests.conftest import as_tenant, serve
 from tests.in_memory_spans import by_name, hex_ids, spans
 
 __all__ = ["spans"]
@@ -38,7 +37,7 @@ def _recorded_traceparent(client: Client, request_id: str) -> str | None:
 def test_a_submit_is_a_span_under_the_given_traceparent(
     client: Client, spans: InMemorySpanExporter
 ) -> None:
-    handle = client.submit("hi", priority="high", traceparent=TRACEPARENT, metadata={TENANT: "t1"})
+    handle = as_tenant(client, "t1").submit("hi", priority="high", traceparent=TRACEPARENT)
     submit = by_name(spans)["tokenq.submit"]
     trace_id, span_id, parent_id = hex_ids(submit)
     assert (trace_id, parent_id) == (TRACE_ID, PARENT_ID)

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from shared.cache_scope import cache_salt
-from shared.models import MAX_CACHE_SALT_CHARS, TENANT, GenerationRequest
+from shared.models import MAX_CACHE_SALT_CHARS, GenerationRequest
 from shared.prefixes import fingerprints
 from shared.settings import Settings
 
@@ -19,8 +19,7 @@ SYSTEM = "You are the assistant of a bank. " * 40
 
 def chat(tenant: str | None = None, **kwargs: Any) -> GenerationRequest:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
-    metadata = {} if tenant is None else {TENANT: tenant}
-    return GenerationRequest(model="m", messages=messages, metadata=metadata, **kwargs)
+    return GenerationRequest(model="m", messages=messages, tenant=tenant, **kwargs)
 
 
 def salt(tenant: str | None = None, shared: str = "", **kwargs: Any) -> bytes:

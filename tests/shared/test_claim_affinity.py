@@ -11,12 +11,12 @@ from producer.client import Client, Handle
 from shared.flows import claim_flow, drive
 from shared.keys import Keys
 from shared.loras import new_adapter, register_lora
-from shared.models import TENANT
 from shared.ops.claim import AFFINITY_MAX_PASSES, Claim, Claimed
 from shared.ops.warm import Warm
 from shared.replies import text
 from shared.scripts import Scripts
 from shared.settings import DEFAULT_MODEL
+from tests.conftest import as_tenant
 from tests.shared.test_scripts import TAG
 
 KEYS = Keys()
@@ -164,7 +164,7 @@ def test_lora_ranks_still_hold(client: Client) -> None:
 
 def test_fair_order_holds_among_warm_matches(client: Client) -> None:
     def submit(tenant: str, n: int, system: str) -> list[Handle]:
-        return [ask(client, system, f"{tenant}{i}", metadata={TENANT: tenant}) for i in range(n)]
+        return [ask(as_tenant(client, tenant), system, f"{tenant}{i}") for i in range(n)]
 
     a_cold, a_hot = submit("a", 2, "law"), submit("a", 4, "tax")
     b_hot = submit("b", 2, "tax")

@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from producer.client import Client, Handle
-from shared.models import TENANT
 from shared.replies import text
 from shared.settings import Settings
+from tests.conftest import as_tenant as tenant_client
 from tests.shared.test_claim_affinity import KEYS, ask, claim, ids, system_fingerprint, warm
 from tests.shared.test_scripts import TAG
 
 
 def as_tenant(client: Client, tenant: str, system: str, question: str, **kw: Any) -> Handle:
-    return ask(client, system, question, metadata={TENANT: tenant}, **kw)
+    return ask(tenant_client(client, tenant), system, question, **kw)
 
 
 def queued(client: Client) -> list[str]:

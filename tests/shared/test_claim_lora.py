@@ -14,7 +14,7 @@ from producer.client import Client, Handle
 from shared.flows import claim_flow, drive, fence_flow, retry_flow
 from shared.keys import Keys
 from shared.loras import new_adapter, register_lora
-from shared.models import TENANT, FinalEvent, FinishReason, LoraAdapter, RequestState
+from shared.models import FinalEvent, FinishReason, LoraAdapter, RequestState
 from shared.ops.claim import CLAIM_LOOK_PAST, Claim, Claimed
 from shared.ops.moves import Fate, FenceMode, Settle
 from shared.ops.publish import Finish
@@ -22,6 +22,7 @@ from shared.reaper import reap_once
 from shared.replies import text
 from shared.scripts import Scripts
 from shared.settings import DEFAULT_MODEL, Settings
+from tests.conftest import as_tenant
 from tests.shared.test_scripts import TAG, publish_token
 
 KEYS = Keys()
@@ -116,8 +117,8 @@ def test_an_adapter_registered_without_a_rank_needs_a_worker_that_serves_adapter
 
 def test_fair_order_holds_among_what_each_worker_can_claim(client: Client) -> None:
     def submit(tenant: str, n: int, lora: str | None) -> list[Handle]:
-        meta = {TENANT: tenant}
-        return [client.submit(f"{tenant}{i}", lora=lora, metadata=meta) for i in range(n)]
+        submitter = as_tenant(client, tenant)
+        return [submitter.submit(f"{tenant}{i}", lora=lora) for i in range(n)]
 
     a_base, a_poet = submit("a", 4, None), submit("a", 2, "poet")
     b_base, b_poet = submit("b", 2, None), submit("b", 2, "poet")

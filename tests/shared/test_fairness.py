@@ -11,10 +11,11 @@ import redis
 from producer.client import Client
 from shared.fairness import FAIR_UNITS_PER_TOKEN, estimated_tokens, excess_tokens, units
 from shared.keys import Keys, model_tag
-from shared.models import TENANT, TENANT_WEIGHT, GenerationRequest
+from shared.models import GenerationRequest
 from shared.ops.moves import Charge, Settle
 from shared.scripts import Scripts
 from shared.settings import Settings
+from tests.conftest import as_tenant
 from tests.shared.test_scripts import MODEL, claim
 
 TAG = model_tag(MODEL)
@@ -29,9 +30,8 @@ def fair_client(any_redis: redis.Redis) -> Client:
 
 
 def submit(client: Client, tenant: str, n: int, weight: float = 1.0, **kw: object) -> list[str]:
-    meta = {TENANT: tenant, TENANT_WEIGHT: weight}
-    reqs = [{"model": MODEL, "prompt": "same size", "metadata": meta, **kw} for _ in range(n)]
-    return [h.id for h in client.submit_many(reqs)]
+    reqs = [{"model": MODEL, "prompt": "same size", **kw} for _ in range(n)]
+    return [h.id for h in as_tenant(client, tenant, weight).submit_many(reqs)]
 
 
 def claimed_tenants(client: Client, n: int, owner: dict[str, str]) -> list[str]:
@@ -110,6 +110,6 @@ def test_excess_and_units() -> None:
 
 def test_a_bad_weight_is_refused_with_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="tenant_weight 0 is out of range"):
-        GenerationRequest(model=MODEL, prompt="x", metadata={TENANT_WEIGHT: 0})
+        GenerationRequest(model=MODEL, prompt="x", tenant_weight=0)
     with pytest.raises(ValueError, match="must be a number"):
-        GenerationRequest(model=MODEL, prompt="x", metadata={TENANT_WEIGHT: "3"})
+        GenerationRequest(model=MODEL, prompt="x", tenant_weight="3")

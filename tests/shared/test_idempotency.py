@@ -12,6 +12,7 @@ from shared.errors import IdempotencyKeyReused, QueueFull
 from shared.idempotency import body_digest
 from shared.keys import Keys, idempotency_digest, model_tag
 from shared.models import GenerationRequest
+from tests.conftest import as_tenant
 
 MODEL = "SmolLM2-135M-Instruct"
 QUEUE = Keys().queue(model_tag(MODEL))
@@ -40,6 +41,7 @@ def test_what_varies_from_send_to_send_or_is_the_gateways_is_not() -> None:
     for same in (
         request(idempotency_key="k"),
         request(deadline_ms=1_700_000_000_000),
+        request(tenant="acme", tenant_weight=2),
         request(metadata={"tenant": "acme", "tenant_weight": 2}),
         request(sampling={"max_tokens": 256, "temperature": 1.0}),  # the defaults, stated
         request(metadata={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}),
@@ -74,11 +76,11 @@ def test_one_submit_of_two_bodies_under_one_key_keeps_the_first(client: Client) 
 
 
 def test_tenants_keys_do_not_meet(client: Client) -> None:
-    acme = client.submit("a", idempotency_key="k", metadata={"tenant": "acme"})
-    beta = client.submit("b", idempotency_key="k", metadata={"tenant": "beta"})
+    acme = as_tenant(client, "acme").submit("a", idempotency_key="k")
+    beta = as_tenant(client, "beta").submit("b", idempotency_key="k")
     assert acme.id != beta.id
     with pytest.raises(IdempotencyKeyReused):
-        client.submit("b", idempotency_key="k", metadata={"tenant": "acme"})
+        as_tenant(client, "acme").submit("b", idempotency_key="k")
 
 
 def test_a_key_kept_without_its_body_answers_any_body(client: Client) -> None:

@@ -36,6 +36,7 @@ from shared.priority import queue_score
 from shared.replies import text
 from shared.scripts import ScriptCall, Scripts, load_source
 from shared.settings import Settings
+from tests.conftest import as_tenant
 
 MODEL = "SmolLM2-135M-Instruct"
 TAG = model_tag(MODEL)
@@ -90,9 +91,9 @@ def test_idempotency_key_returns_the_original_request(client: Client) -> None:
 
 
 def test_an_idempotency_key_is_scoped_to_its_tenant(client: Client) -> None:
-    acme = client.submit("a", idempotency_key="order-17", metadata={"tenant": "acme"})
-    beta = client.submit("b", idempotency_key="order-17", metadata={"tenant": "beta"})
-    acme_again = client.submit("a", idempotency_key="order-17", metadata={"tenant": "acme"})
+    acme = as_tenant(client, "acme").submit("a", idempotency_key="order-17")
+    beta = as_tenant(client, "beta").submit("b", idempotency_key="order-17")
+    acme_again = as_tenant(client, "acme").submit("a", idempotency_key="order-17")
     assert beta.id != acme.id and acme_again.id == acme.id
     assert (acme.status().tenant, beta.status().tenant) == ("acme", "beta")
     assert client.redis.zcard(Keys().queue(TAG)) == 2

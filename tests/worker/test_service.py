@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import fakeredis
+import orjson
 import pytest
 import redis
 
@@ -17,9 +18,10 @@ from shared.reaper import reap_once
 from shared.scripts import Scripts
 from shared.settings import Settings
 from shared.usage import last_hours, read_usage
-from tests.conftest import serve
+from tests.conftest import as_tenant, serve
 from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.engine.outputs import RequestOutput
+from worker.engine.request import EngineRequest
 from worker.engine_like import EngineGone
 from worker.service import RESUMED_POLL_S, WorkerService
 
@@ -51,7 +53,7 @@ def test_claims_only_what_fits_then_drains_the_queue(setup: Any) -> None:
 def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: Any) -> None:
     client, service, _ = setup
     long = "w " * 40  # 40 prompt tokens, 50 generated: beyond enqueue's estimate
-    h = client.submit(long, model=MODEL, max_tokens=50, metadata={"tenant": "acme"})
+    h = as_tenant(client, "acme").submit(long, model=MODEL, max_tokens=50)
     service.run(burst=True)
     result = h.result(timeout=1)
     (row,) = read_usage(client.redis, client.keys, last_hours(1))
@@ -63,6 +65,28 @@ def test_a_finished_request_counts_in_its_tenants_usage_and_fair_share(setup: An
     )
     tags = client.redis.zrange(client.keys.fair_tags(model_tag(MODEL)), 0, -1)
     assert tags == [b"50:acme"]  # charged for what it used beyond the estimate
+    assert 'tenant="acme"' in service.metrics.render().decode()
+
+
+def test_a_request_queued_by_the_previous_release_keeps_its_tenant(
+    setup: Any, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Schema version 1 carried the tenant and its weight as metadata items: a payload
+    queued so, read by this worker, still counts to its tenant."""
+    client, service, _ = setup
+    h = client.submit("w " * 10, model=MODEL, max_tokens=3)
+    version_1 = {
+        "version": 1,
+        "model": MODEL,
+        "prompt": "w " * 10,
+        "sampling": {"max_tokens": 3, "temperature": 0.0},
+        "metadata": {"tenant": "acme", "tenant_weight": 2, "note": "kept"},
+    }
+    fake_redis.hset(Keys().request(h.id), "payload", orjson.dumps(version_1))
+    service.run(burst=True)
+    assert h.result(timeout=1).finish_reason is FinishReason.LENGTH
+    (row,) = read_usage(client.redis, client.keys, last_hours(1))
+    assert (row.tenant, row.completion_tokens, row.requests) == ("acme", 3, 1)
     assert 'tenant="acme"' in service.metrics.render().decode()
 
 
@@ -179,7 +203,7 @@ def test_a_redis_error_while_admitting_holds_nothing_and_the_request_comes_back(
     monkeypatch.setattr(fake_redis, "xrange", _raise_connection_error)
     with pytest.raises(redis.ConnectionError):
         service.intake()
-    assert service.held_leases() == {}  # no lease kept alive for a request that never runs
+    assert service.ledger.leases() == {}  # no lease kept alive for a request that never runs
     assert engine.added == []
     monkeypatch.undo()
     assert_back_in_the_queue_once_its_lease_lapses(fake_redis, settings, h)
@@ -208,7 +232,7 @@ def test_an_engine_gone_at_admission_ends_no_request_and_the_request_comes_back(
     monkeypatch.setattr(engine, "add_request", gone)
     with pytest.raises(EngineGone):
         service.intake()  # not "internal error: at admission" on the request
-    assert service.held_leases() == {}
+    assert service.ledger.leases() == {}
     assert_back_in_the_queue_once_its_lease_lapses(fake_redis, settings, h)
 
 
@@ -389,7 +413,7 @@ def test_a_claim_waiting_for_its_engine_to_let_go_keeps_its_lease(
     setup: Any, fake_redis: fakeredis.FakeRedis
 ) -> None:
     """A request this worker handed back while its engine still ran it, and claimed
-    again before the engine let go, waits a step for the engine (``Handoffs``); its new
+    again before the engine let go, waits a step for the engine (``Ledger``: WAITING); its new
     lease is renewed meanwhile, so the reaper does not take it from a live worker."""
     from worker.heartbeat import Heartbeat
 
@@ -398,7 +422,9 @@ def test_a_claim_waiting_for_its_engine_to_let_go_keeps_its_lease(
     service.iterate()  # claimed, admitted, t0 computed and written
     token = service.held[h.id].lease_token
     service.queue.release({h.id: token})  # back to the queue (a failover cut its tail, say)
-    service._drop(h.id)  # the engine ends this run at its next step
+    run = service.ledger.in_engine(h.id)
+    assert run is not None
+    service._drop(run)  # the engine ends this run at its next step
     service.intake()  # claimed again at once, but it waits for the engine
     assert h.id not in service.held and engine.added == [h.id]
     assert h.status().worker == "w1"
@@ -409,6 +435,43 @@ def test_a_claim_waiting_for_its_engine_to_let_go_keeps_its_lease(
     service.run(burst=True)
     events = [e.event for e in h.stream() if isinstance(e.event, TokenEvent)]
     assert [s.index for e in events for s in e.split()] == [0, 1, 2, 3, 4]
+
+
+def test_a_request_whose_lease_lapsed_and_that_its_own_worker_claims_again_runs_once_more(
+    setup: Any, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop stalled past its leases: the reaper put its request back, and the worker
+    claims it again before it learns that the run it still holds is lost. The new claim's
+    lease is the one renewed (``Ledger``: runs are told apart by lease token), what is
+    learned about the lapsed run does not touch the new one, and the client reads one
+    whole stream: put back once, started twice."""
+    from worker.heartbeat import Heartbeat
+
+    client, service, engine = setup
+    add = engine.add_request
+
+    def add_once(req: EngineRequest) -> None:
+        assert req.request_id not in engine.running, "two runs of one id in the engine"
+        add(req)
+
+    monkeypatch.setattr(engine, "add_request", add_once)
+    h = client.submit("p", model=MODEL, max_tokens=6)
+    service.iterate()  # claimed, admitted, t0 computed and written
+    lapsed = service.held[h.id].lease_token
+    lapse_and_reap(fake_redis, service.settings, [h.id])
+    heartbeat = Heartbeat(service.queue, service, {"model": MODEL})
+    service.intake()  # claims it again while the engine still runs the lapsed run
+    assert h.status().attempts == 2 and h.status().worker == "w1"
+    heartbeat.beat()  # renews the new claim; finds the lapsed run's lease gone
+    leases = Keys().leases(model_tag(MODEL))
+    assert (fake_redis.zscore(leases, h.id) or 0) > time.time() * 1000
+    service.run(burst=True)
+    assert h.status().attempts == 2
+    events = [e.event for e in h.stream() if isinstance(e.event, TokenEvent)]
+    assert [s.index for e in events for s in e.split()] == [0, 1, 2, 3, 4, 5]
+    assert h.result(timeout=1).finish_reason is FinishReason.LENGTH
+    assert lapsed != fake_redis.hget(Keys().request(h.id), "lease_token")
+    assert engine.added == [h.id, h.id]
 
 
 def test_a_full_worker_takes_every_stream_cut_mid_answer_before_unstarted_work(
@@ -466,7 +529,7 @@ def test_a_lease_that_a_finish_in_flight_dropped_is_not_taken_for_lost(
 
     monkeypatch.setattr(engine, "step", step_while_the_finish_is_written)
     service.iterate()
-    assert service.lost.empty()
+    assert service.ledger.take_news() == []  # no lease taken for lost
     assert done.id not in service.held
     assert done.result(timeout=1).finish_reason is FinishReason.LENGTH
 

@@ -17,7 +17,7 @@ from shared import tracing
 from shared.models import FinalEvent, FinishReason, GenerationRequest
 from shared.ops.claim import Claimed
 from shared.settings import Settings
-from tests.conftest import serve
+from tests.conftest import as_tenant, serve
 from tests.in_memory_spans import by_name, hex_ids, spans
 from tests.worker.fakes import ScriptedEngine, lockstep
 from worker.engine.outputs import RequestOutput
@@ -49,7 +49,7 @@ def test_a_request_is_one_trace_from_submit_to_its_final(
     fake_redis: fakeredis.FakeRedis, spans: InMemorySpanExporter
 ) -> None:
     client, service, _ = _setup(fake_redis)
-    handle = client.submit("a b c", model=MODEL, max_tokens=3, metadata={"tenant": "t1"})
+    handle = as_tenant(client, "t1").submit("a b c", model=MODEL, max_tokens=3)
     service.run(burst=True)
     result = handle.result(timeout=1)
     found = by_name(spans)

@@ -12,7 +12,7 @@ from producer.openai.errors import ApiError
 from producer.openai.requests import Origin
 from shared.chat import ChatFeatures
 
-ORIGIN = Origin("alpha", 75)
+ORIGIN = Origin(75)
 WEATHER = {
     "name": "get_weather",
     "description": "The weather.",
@@ -49,7 +49,7 @@ def test_system_sampling_and_metadata_map_to_the_request() -> None:
     s = gen.sampling
     assert (s.max_tokens, s.temperature, s.top_p, s.top_k) == (99, 0.5, 0.9, 40)
     assert s.stop == ("\n\n", "END")
-    assert gen.metadata == {"user": "u-7", "tenant": "alpha"}
+    assert (gen.metadata, gen.tenant) == ({"user": "u-7"}, None)  # set when it is submitted
     assert gen.priority == 75
 
 

@@ -86,7 +86,7 @@ def test_a_batchs_lines_run_as_its_tenant_whatever_they_claim(
     payload = orjson.loads(
         text(batches.ctx.redis.hget(batches.ctx.keys.request(request_id), "payload"))
     )
-    assert payload["metadata"]["tenant"] == "acme" and payload["metadata"]["note"] == "kept"
+    assert payload["tenant"] == "acme" and payload["metadata"]["note"] == "kept"
     assert Client(connection=batches.ctx.redis).handle(request_id).status().tenant == "acme"
     assert batches.status(batch_id, scope="acme").tenant == "acme"
     with pytest.raises(NotFound, match="does not exist"):

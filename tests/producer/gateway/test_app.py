@@ -4,8 +4,9 @@ import logging
 
 import pytest
 
+from producer.api_keys import parse_api_keys
 from producer.gateway.app import _log_access, create_app
-from producer.gateway.config import GatewayConfig, parse_api_keys
+from producer.gateway.config import GatewayConfig
 from tests.producer.gateway.conftest import RunningGateway
 
 

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import httpx
 
+from producer.api_keys import parse_api_keys
 from producer.embedded import EmbeddedRedis, free_port
 from producer.gateway.app import create_app
-from producer.gateway.config import GatewayConfig, parse_api_keys
+from producer.gateway.config import GatewayConfig
 from shared.settings import Settings
 from tests.producer.gateway.conftest import RunningGateway, ThreadedServer
 

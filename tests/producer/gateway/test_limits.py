@@ -34,7 +34,7 @@ def test_the_keys_weight_rides_on_its_requests(limited: RunningGateway) -> None:
     assert reply.status_code == 202, reply.text
     payload = limited.redis.hget(Keys().request(reply.json()["id"]), "payload")
     stored = GenerationRequest.model_validate_json(text(payload))
-    assert (stored.tenant, stored.weight) == ("heavy", 3.0)
+    assert (stored.tenant, stored.tenant_weight) == ("heavy", 3.0)
 
 
 def test_over_requests_per_minute_answers_429_with_openais_headers(

@@ -190,4 +190,4 @@ def test_tokenq_fields_ride_along_as_extra_body_fields(gateway: RunningGateway) 
     )
     assert stored.priority == 75 and stored.deadline_ms is not None
     assert (stored.sampling.top_k, stored.sampling.ignore_eos) == (5, True)
-    assert stored.metadata == {"user": "u7", "tenant": "default"}
+    assert (stored.metadata, stored.tenant) == ({"user": "u7"}, "default")

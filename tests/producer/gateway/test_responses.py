@@ -284,4 +284,4 @@ def test_a_keys_rate_limit_and_weight_hold_for_responses(redis_server: EmbeddedR
         assert first.headers["x-ratelimit-remaining-requests"] == "0"
         assert second.status_code == 429 and "Retry-After" in second.headers
         (request,) = gateway.worker.claimed
-        assert (request.tenant, request.weight) == ("acme", 3.0)
+        assert (request.tenant, request.tenant_weight) == ("acme", 3.0)

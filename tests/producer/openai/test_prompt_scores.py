@@ -11,7 +11,7 @@ from producer.openai.prompt_scores import PromptView, echo_logprobs, spelled, vl
 from producer.openai.requests import Origin, completion_request
 from producer.openai.schemas import CompletionRequest
 
-CALLER = Origin(None, 50)
+CALLER = Origin(50)
 # "é" as two byte-level tokens: their texts are U+FFFD, their bytes join to the character.
 SCORES: list[dict[str, Any]] = [
     {"token_id": 7, "token": "Caf", "logprob": None, "top": []},

@@ -14,7 +14,7 @@ from producer.responses.plan import response_plan
 from producer.responses.schemas import ResponsesBody
 from shared.chat import ChatFeatures
 
-ORIGIN = Origin("acme", 50)
+ORIGIN = Origin(50)
 WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
 
 
@@ -29,7 +29,7 @@ def roles(request: Any) -> list[tuple[str, str]]:
 def test_a_text_input_is_one_user_message_after_the_instructions() -> None:
     made = plan(input="hi", instructions="Be brief.", metadata={"k": "v"})
     assert roles(made.request) == [("system", "Be brief."), ("user", "hi")]
-    assert made.request.metadata == {"k": "v", "tenant": "acme"}
+    assert (made.request.metadata, made.request.tenant) == ({"k": "v"}, None)  # set at submit
     assert made.request.priority == 50
     assert made.record.input[0]["content"] == [{"type": "input_text", "text": "hi"}]
 

@@ -16,10 +16,10 @@ import pytest
 
 from producer.client import Client
 from shared.keys import Keys, new_request_id
-from shared.models import TENANT, GenerationRequest, SamplingParams
+from shared.models import GenerationRequest, SamplingParams
 from shared.settings import Settings
 from shared.usage import last_hours, read_usage, totals
-from tests.conftest import serve
+from tests.conftest import as_tenant, serve
 from tests.worker.fakes import lockstep
 from worker.admission import engine_request
 from worker.engine import Engine, EngineRequest
@@ -57,7 +57,7 @@ class Tenants:
         req = GenerationRequest(
             model=MODEL,
             messages=messages,
-            metadata={} if tenant is None else {TENANT: tenant},
+            tenant=tenant,
             sampling=SamplingParams(max_tokens=1, temperature=0.0),
             **kwargs,
         )
@@ -180,8 +180,8 @@ def test_each_tenants_hits_show_in_its_usage_and_metrics(
     system = new_system()
     for tenant, question in (("acme", "Hi"), ("globex", "Hi"), ("acme", "Hello")):
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-        handle = client.submit(
-            messages=messages, model=MODEL, max_tokens=1, temperature=0, metadata={TENANT: tenant}
+        handle = as_tenant(client, tenant).submit(
+            messages=messages, model=MODEL, max_tokens=1, temperature=0
         )
         service.run(burst=True)
         assert handle.result(timeout=5).usage.completion_tokens == 1

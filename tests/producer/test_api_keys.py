@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.gateway.config import ApiKey, load_api_keys, parse_api_keys
+from producer.api_keys import ApiKey, load_api_keys, parse_api_keys
 from shared.errors import InvalidRequest
 from shared.ratelimit import Limits
 from shared.settings import Settings
