@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from producer.admin import Admin
 from producer.batch.cli import batch_app
@@ -23,6 +24,7 @@ from producer.lora_cli import lora_app
 from producer.usage_cli import usage
 from shared.models import FinalEvent, RequestState, RequestStatus, TokenEvent
 from shared.settings import DEFAULT_MODEL
+from worker.vllm_engine.options import VllmOptions, vllm_help
 
 app = typer.Typer(help="tokenq: prioritized LLM generation through Redis.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -105,12 +107,38 @@ def worker(
         ),
     ] = False,
     quantization: QuantizationOpt = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="builtin (tokenq's own) or vllm (vLLM's engine: tokenq's vllm extra, or "
+            "`make vllm-setup` on CPUs); the flags whose help starts with vLLM: are its"
+        ),
+    ] = "builtin",
+    tensor_parallel_size: Annotated[
+        int, typer.Option(help=vllm_help("tensor_parallel_size"))
+    ] = VllmOptions.tensor_parallel_size,
+    pipeline_parallel_size: Annotated[
+        int, typer.Option(help=vllm_help("pipeline_parallel_size"))
+    ] = VllmOptions.pipeline_parallel_size,
+    speculative_config: Annotated[
+        str | None, typer.Option(help=vllm_help("speculative_config"))
+    ] = VllmOptions.speculative_config,
+    gpu_memory_utilization: Annotated[
+        float | None, typer.Option(help=vllm_help("gpu_memory_utilization"))
+    ] = VllmOptions.gpu_memory_utilization,
+    vllm_arg: Annotated[
+        list[str] | None, typer.Option(metavar="KEY=VALUE", help=vllm_help("vllm_arg"))
+    ] = None,
+    vllm_config: Annotated[
+        str | None, typer.Option(metavar="FILE", help=vllm_help("vllm_config"))
+    ] = VllmOptions.vllm_config,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
     from worker.engine.errors import ModelLoadError
     from worker.engine_process import EngineProcessDied
     from worker.main import WorkerOptions, engine_config, run_worker
+    from worker.vllm_engine.config import VllmMissing
 
     _logging(log_level)
     settings = settings_for(redis_url)
@@ -135,11 +163,20 @@ def worker(
         grammar_compile_timeout_s=grammar_compile_timeout_s,
         engine_process=engine_process,
         quantization=quantization,
+        engine=engine,
+        vllm=VllmOptions(
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            speculative_config=speculative_config,
+            gpu_memory_utilization=gpu_memory_utilization,
+            vllm_arg=tuple(vllm_arg or ()),
+            vllm_config=vllm_config,
+        ),
     )
     try:
         config = engine_config(opts)
-    except ValueError as e:
-        console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+    except (ValueError, VllmMissing) as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from e
     try:
         run_worker(settings, opts, config)

@@ -10,7 +10,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,13 @@ from worker.model_store import resolve_model
 from worker.queue import ModelQueue
 from worker.service import WorkerService
 from worker.sim import SimConfig, SimEngine, is_sim
+from worker.vllm_engine.config import VllmEngineConfig, vllm_engine_config
+from worker.vllm_engine.options import VllmOptions
 
 if TYPE_CHECKING:
     from worker.engine import Engine
+    from worker.vllm_engine.engine import VllmEngine
+
 
 log = logging.getLogger("tokenq.worker")
 # How long a worker about to serve waits for its lease keeper to be up (it started as the
@@ -64,15 +68,24 @@ class WorkerOptions:
     grammar_compile_timeout_s: float = 10.0
     engine_process: bool = False  # the engine in a child process (worker/engine_process.py)
     quantization: str | None = None
+    engine: str = "builtin"  # or "vllm" (worker/vllm_engine/), with the options below
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+
+
+ENGINES = ("builtin", "vllm")
 
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
+def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig | VllmEngineConfig:
     """The engine's settings, built once and validated before anything is announced
     (a model name, not yet its resolved path: that may mean a download or a conversion)."""
+    if opts.engine not in ENGINES:
+        raise ValueError(f"--engine {opts.engine!r}: give one of {', '.join(ENGINES)}")
+    if opts.engine == "vllm":
+        return vllm_engine_config(opts.model, opts.vllm, _vllm_shared(opts))
     if is_sim(opts.model):
         sim = SimConfig.parse(opts.model)
         return replace(sim, max_loras=opts.max_loras, max_lora_rank=opts.max_lora_rank)
@@ -99,12 +112,28 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
     return config
 
 
+def _vllm_shared(opts: WorkerOptions) -> dict[str, Any]:
+    """The worker's own flags that vLLM takes as well (None: not given)."""
+    return {
+        "dtype": None if opts.dtype == "auto" else opts.dtype,
+        "max_num_seqs": opts.max_num_seqs,
+        "max_model_len": opts.max_model_len,
+        "enforce_eager": opts.enforce_eager,
+        "quantization": opts.quantization,
+        "trust_remote_code": opts.trust_remote_code,
+    }
+
+
 def build_engine(
-    config: EngineConfig | SimConfig, engine_process: bool = False
-) -> Engine | SimEngine | EngineProcess:
+    config: EngineConfig | SimConfig | VllmEngineConfig, engine_process: bool = False
+) -> Engine | SimEngine | EngineProcess | VllmEngine:
     """The engine; with ``engine_process``, a real one runs in a child process."""
     if isinstance(config, SimConfig):
         return SimEngine(config)
+    if isinstance(config, VllmEngineConfig):
+        from worker.vllm_engine.engine import VllmEngine  # vLLM loads here, only when asked
+
+        return VllmEngine(replace(config, model=str(resolve_model(config.model))))
     if engine_process:
         return EngineProcess(config)
     from worker.engine import Engine  # torch loads here, not for sim workers
@@ -112,7 +141,9 @@ def build_engine(
     return Engine(replace(config, model=str(resolve_model(config.model))))
 
 
-def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | SimConfig) -> None:
+def run_worker(
+    settings: Settings, opts: WorkerOptions, config: EngineConfig | SimConfig | VllmEngineConfig
+) -> None:
     """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty), with
     the engine ``config`` that ``engine_config(opts)`` built."""
     started = time.monotonic()
@@ -157,13 +188,13 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
 
 
 def _load(
-    config: EngineConfig | SimConfig,
+    config: EngineConfig | SimConfig | VllmEngineConfig,
     engine_process: bool,
     loading: LoadingBeat,
     connection: Any,
     settings: Settings,
     model_name: str,
-) -> Engine | SimEngine | EngineProcess:
+) -> Engine | SimEngine | EngineProcess | VllmEngine:
     """The engine; if the model cannot be loaded, the worker takes back what it registered
     and leaves the reason for submits to read (``withdraw_failed_worker``), then raises."""
     try:
@@ -193,11 +224,13 @@ def _info(model_name: str, opts: WorkerOptions) -> dict[str, Any]:
     return {"model": model_name, "version": VERSION, "pid": os.getpid(), "device": opts.device}
 
 
-def serves_structured_outputs(config: EngineConfig | SimConfig) -> bool:
+def serves_structured_outputs(config: EngineConfig | SimConfig | VllmEngineConfig) -> bool:
     """Whether this worker's grammar backend works; says so in one line when not (the
     worker then registers that, and claims no structured request)."""
     if isinstance(config, SimConfig):
         return True  # a simulated model takes any request and ignores its grammar
+    if isinstance(config, VllmEngineConfig):
+        return False  # not mapped yet (worker.vllm_engine.mapping): claims none
     from worker.engine.grammar import grammar_backend_problem
 
     problem = grammar_backend_problem()
@@ -216,7 +249,7 @@ def start_keeper(settings: Settings, queue: ModelQueue) -> LeaseKeeper | None:
 
 def start_heartbeat(
     service: WorkerService,
-    engine: Engine | SimEngine | EngineProcess,
+    engine: Engine | SimEngine | EngineProcess | VllmEngine,
     keeper: LeaseKeeper | None = None,
 ) -> Heartbeat:
     info = {
