@@ -263,8 +263,9 @@ def test_structured_outputs_are_refused_at_submit(vllm_stack: VllmStack) -> None
 
 
 def test_the_registry_shows_vllms_figures(vllm_stack: VllmStack, client: Client) -> None:
+    long_prompt = "Summarise: " + "the sea and the sky " * 100  # blocks are 128 tokens on CPUs
     for _ in range(2):  # the second finds the first's prompt in vLLM's prefix cache
-        client.submit(model=DEFAULT_MODEL, messages=STORY, max_tokens=4).result(timeout=300)
+        client.submit(model=DEFAULT_MODEL, prompt=long_prompt, max_tokens=4).result(timeout=300)
     keys = Keys(get_settings().namespace)
     with redis.Redis.from_url(vllm_stack.redis_url, decode_responses=True) as connection:
         (worker_id,) = connection.zrange(keys.workers(), 0, -1)
@@ -283,12 +284,13 @@ def test_an_unknown_engine_argument_is_refused_by_name_at_start_up() -> None:
     tokenq = vllm_bin("tokenq")
     done = subprocess.run(
         [str(tokenq), "worker", "--engine", "vllm", "--vllm-arg", "no_such_argument=1"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         timeout=300,
         check=False,
     )
     assert done.returncode == 2
-    assert "no engine argument no_such_argument" in done.stdout.decode()
+    assert "vLLM has no engine argument no_such_argument" in done.stdout.decode()
 
 
 def _wait_for(check: Any, what: str, timeout_s: float = RESULT_TIMEOUT_S) -> None:
