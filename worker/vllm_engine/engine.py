@@ -37,6 +37,7 @@ from worker.engine.token_output import TokenOutputs
 from worker.engine_like import EngineGone
 from worker.vllm_engine.config import VllmEngineConfig
 from worker.vllm_engine.figures import Figures
+from worker.vllm_engine.guard import start_guard
 from worker.vllm_engine.mapping import (
     FINISH_REASONS,
     logprob_entry,
@@ -72,6 +73,7 @@ class VllmEngine(TokenizerPrompts):
 
     def __init__(self, config: VllmEngineConfig) -> None:
         self.figures = Figures()
+        self.guard = start_guard()  # vLLM's processes die with the worker, even by SIGKILL
         args = EngineArgs(model=config.model, **config.engine_args)
         self.llm = LLMEngine.from_engine_args(args, stat_loggers=[self.figures.factory])
         vllm_config = self.llm.vllm_config
