@@ -236,18 +236,19 @@ def test_hostile_requests_get_a_4xx_naming_the_field_and_the_worker_lives(
 
 
 @pytest.mark.parametrize(
-    ("sampling", "field"),
+    ("body", "field"),
     [
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
-        ({"prompt_logprobs": 0, "max_tokens": 0}, "prompt_logprobs"),
+        ({"echo": True, "logprobs": 1, "max_tokens": 0}, "prompt_logprobs"),
     ],
 )
-def test_features_it_does_not_map_are_refused_by_name(
-    vllm_stack: VllmStack, client: Client, sampling: dict[str, Any], field: str
+def test_features_it_does_not_map_are_refused_at_submit_by_name(
+    vllm_stack: VllmStack, body: dict[str, Any], field: str
 ) -> None:
-    handle = client.submit(model=DEFAULT_MODEL, prompt="Hello", **sampling)
-    result = handle.result(timeout=RESULT_TIMEOUT_S)
-    assert result.refusal is not None and result.refusal.param == field
+    request = {"model": DEFAULT_MODEL, "prompt": "Hello", "max_tokens": 4, **body}
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/completions", json=request, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == field
     assert vllm_stack.alive()
 
 
@@ -278,6 +279,7 @@ def test_the_registry_shows_vllms_figures(vllm_stack: VllmStack, client: Client)
         shown = entry()
     assert shown["model"] == DEFAULT_MODEL and shown["device"] == "cpu"
     assert int(shown["max_num_seqs"]) == MAX_NUM_SEQS and int(shown["kv_cache_mib"]) > 0
+    assert {"running", "waiting", "kv_cache_usage", "preemptions"} <= set(shown)
 
 
 def test_an_unknown_engine_argument_is_refused_by_name_at_start_up() -> None:

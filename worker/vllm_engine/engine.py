@@ -113,6 +113,7 @@ class VllmEngine(TokenizerPrompts):
             max_model_len=self.max_model_len,
             embedding_size=None,
             guided=guided,
+            prompt_scores=False,  # refused at submit (``mapping.refuse_unmapped`` here too)
             max_bytes_per_token=self._max_bytes_per_token,
         )
 
