@@ -27,7 +27,7 @@ from tests.producer.gateway.process import started_gateway
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm"
-REFERENCE_SCRIPT = Path(__file__).with_name("vllm_reference.py")
+REFERENCE_SCRIPT = REPO / "bench" / "vllm_generate.py"
 # The engine arguments the worker and the reference share: a small batch, so that
 # requests queue inside vLLM; float32, the checkpoint's dtype; eager, so that a test run
 # starts in under a minute rather than compiling for several (bench/ runs it compiled).
@@ -124,7 +124,7 @@ def stop(worker: subprocess.Popen[bytes]) -> None:
 
 
 def vllm_reference(model_dir: Path, cases: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
-    """vLLM's own ``LLM.generate`` on ``cases`` (``vllm_reference.py``, in .venv-vllm),
+    """vLLM's own ``LLM.generate`` on ``cases`` (``bench/vllm_generate.py``, in .venv-vllm),
     with the worker's engine arguments: per case its tokens, text, logprobs and finish."""
     python = vllm_bin("python")
     cases_path, out_path = tmp / "cases.jsonl", tmp / "reference.json"

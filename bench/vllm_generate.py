@@ -1,6 +1,7 @@
-"""vLLM's own answers, the reference for the vLLM worker's tests: run in ``.venv-vllm``.
+"""vLLM's own ``LLM.generate``: the reference of the vLLM worker's tests and the
+"engine alone" of ``bench/through_redis.py --engine vllm``. Run it in ``.venv-vllm``.
 
-``python tests/integration/vllm_reference.py MODEL_DIR CASES.jsonl OUT.json`` reads
+``python bench/vllm_generate.py MODEL_DIR CASES.jsonl OUT.json`` reads
 one case a line (``messages`` or ``prompt``, and vLLM ``SamplingParams`` fields by their
 own names), renders each prompt as a tokenq worker does (the same chat template through
 the same tokenizer), runs them all through ``vllm.LLM.generate`` and writes, per case,
