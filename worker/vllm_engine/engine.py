@@ -29,6 +29,7 @@ from vllm.v1.engine.llm_engine import LLMEngine
 from shared.limits import ModelLimits
 from shared.models import FinishReason
 from shared.refusal import invalid, too_long
+from worker.engine.errors import ModelLoadError
 from worker.engine.outputs import RequestOutput
 from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
 from worker.engine.request import EngineRequest, Sequence
@@ -74,8 +75,7 @@ class VllmEngine(TokenizerPrompts):
     def __init__(self, config: VllmEngineConfig) -> None:
         self.figures = Figures()
         self.guard = start_guard()  # vLLM's processes die with the worker, even by SIGKILL
-        args = EngineArgs(model=config.model, **config.engine_args)
-        self.llm = LLMEngine.from_engine_args(args, stat_loggers=[self.figures.factory])
+        self.llm = _start(config, self.figures)
         vllm_config = self.llm.vllm_config
         self.model_config = vllm_config.model_config
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
@@ -298,6 +298,16 @@ class VllmEngine(TokenizerPrompts):
     def stats(self) -> dict[str, float]:
         """vLLM's figures for the worker's metrics and registry entry."""
         return self.figures.stats()
+
+
+def _start(config: VllmEngineConfig, figures: Figures) -> Any:
+    """vLLM's engine; ModelLoadError (one line: what vLLM said) when it will not start."""
+    try:
+        args = EngineArgs(model=config.model, **config.engine_args)
+        return LLMEngine.from_engine_args(args, stat_loggers=[figures.factory])
+    except (ValueError, TypeError, RuntimeError) as e:  # its config checks, a bad value
+        said = " ".join(str(e).split())
+        raise ModelLoadError(f"vLLM could not start {config.model}: {said}") from e
 
 
 def _eos_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
