@@ -1,18 +1,19 @@
 """The ``tokenq`` command line.
 
-Worker commands import ``worker`` (and so torch) only when they run, so the
-producer side installs and starts without the model stack.
+`tokenq worker` lives in the worker package (``worker/cli.py``, its options generated
+from the dataclasses that declare them); it is mounted here by module name and imported
+only when it is asked for, so the producer side imports nothing of the worker's.
 """
 
 from __future__ import annotations
 
-import logging
+import importlib
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from typer.core import TyperGroup
 
 from producer.admin import Admin
 from producer.batch.cli import batch_app
@@ -22,11 +23,33 @@ from producer.dashboard.cli import dashboard
 from producer.gateway.cli import gateway
 from producer.lora_cli import lora_app
 from producer.usage_cli import usage
+from shared.cli_options import configure_logging
 from shared.models import FinalEvent, RequestState, RequestStatus, TokenEvent
 from shared.settings import DEFAULT_MODEL
-from worker.vllm_engine.options import VllmOptions, vllm_help
 
-app = typer.Typer(help="tokenq: prioritized LLM generation through Redis.", no_args_is_help=True)
+# Commands of other packages, by name: the module that defines each and its function.
+MOUNTED = {"worker": ("worker.cli", "worker")}
+
+
+class Commands(TyperGroup):
+    """tokenq's commands, with those of ``MOUNTED`` imported only when looked up."""
+
+    # ``Any``: typer's Context and Command are those of the click typer carries inside it.
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*MOUNTED, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in MOUNTED:
+            return super().get_command(ctx, cmd_name)
+        module, function = MOUNTED[cmd_name]
+        mounted = typer.Typer(add_completion=False)
+        mounted.command(cmd_name)(getattr(importlib.import_module(module), function))
+        return typer.main.get_command(mounted)
+
+
+app = typer.Typer(
+    cls=Commands, help="tokenq: prioritized LLM generation through Redis.", no_args_is_help=True
+)
 console = Console(stderr=True)
 
 ModelOpt = Annotated[str, typer.Option(help="model name or local path")]
@@ -40,152 +63,6 @@ QuantizationOpt = Annotated[
 
 
 @app.command()
-def worker(
-    redis_url: RedisOpt = None,
-    model: Annotated[
-        str | None, typer.Option(help="name, local path, or sim:... (default TOKENQ_DEFAULT_MODEL)")
-    ] = None,
-    served_model_name: Annotated[str | None, typer.Option(help="name clients use")] = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    max_num_seqs: Annotated[int | None, typer.Option(help="most requests in a batch")] = None,
-    kv_cache_mib: Annotated[
-        int | None, typer.Option(help="KV cache budget in MiB (a hybrid's state slots too)")
-    ] = None,
-    pooling: Annotated[
-        str, typer.Option(help="how embeddings pool the last hidden state: mean, last or cls")
-    ] = "mean",
-    max_loras: Annotated[
-        int, typer.Option(help="LoRA adapters resident at once (0: claims no adapter requests)")
-    ] = 4,
-    max_lora_rank: Annotated[
-        int, typer.Option(help="the largest adapter rank it loads (and claims requests of)")
-    ] = 16,
-    burst: Annotated[bool, typer.Option(help="exit once the queue is empty")] = False,
-    enforce_eager: Annotated[
-        bool, typer.Option(help="on CUDA, run every step eagerly (no CUDA graphs)")
-    ] = False,
-    max_model_len: Annotated[
-        int | None,
-        typer.Option(help="most tokens one request may hold (default: the model's context)"),
-    ] = None,
-    self_check: Annotated[
-        bool,
-        typer.Option(
-            help="at start-up, compare the engine's logits with transformers' and refuse "
-            "to serve a model that differs"
-        ),
-    ] = True,
-    trust_remote_code: Annotated[
-        bool, typer.Option(help="let the model run code from its own repository")
-    ] = False,
-    async_scheduling: Annotated[
-        bool | None,
-        typer.Option(
-            help="schedule the next step while one runs (off: wait for each step); default: on "
-            "on CUDA and the timed forward, off on the CPU's own forward"
-        ),
-    ] = None,
-    timed_forward_ms: Annotated[
-        float | None,
-        typer.Option(
-            help="benchmarks: the model's forward replaced by a wait of this long "
-            "(deterministic tokens, not the model's)"
-        ),
-    ] = None,
-    grammar_compile_threads: Annotated[
-        int, typer.Option(help="threads compiling structured-output grammars")
-    ] = 4,
-    grammar_compile_timeout_s: Annotated[
-        float, typer.Option(help="a grammar still compiling after this ends its requests")
-    ] = 10.0,
-    engine_process: Annotated[
-        bool,
-        typer.Option(
-            help="run the engine in a child process of its own, beside the worker's Redis "
-            "side and tokenizer (default: off, one process)"
-        ),
-    ] = False,
-    quantization: QuantizationOpt = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            help="builtin (tokenq's own) or vllm (vLLM's engine: tokenq's vllm extra, or "
-            "`make vllm-setup` on CPUs); the flags whose help starts with vLLM: are its"
-        ),
-    ] = "builtin",
-    tensor_parallel_size: Annotated[
-        int, typer.Option(help=vllm_help("tensor_parallel_size"))
-    ] = VllmOptions.tensor_parallel_size,
-    pipeline_parallel_size: Annotated[
-        int, typer.Option(help=vllm_help("pipeline_parallel_size"))
-    ] = VllmOptions.pipeline_parallel_size,
-    speculative_config: Annotated[
-        str | None, typer.Option(help=vllm_help("speculative_config"))
-    ] = VllmOptions.speculative_config,
-    gpu_memory_utilization: Annotated[
-        float | None, typer.Option(help=vllm_help("gpu_memory_utilization"))
-    ] = VllmOptions.gpu_memory_utilization,
-    vllm_arg: Annotated[
-        list[str] | None, typer.Option(metavar="KEY=VALUE", help=vllm_help("vllm_arg"))
-    ] = None,
-    vllm_config: Annotated[
-        str | None, typer.Option(metavar="FILE", help=vllm_help("vllm_config"))
-    ] = VllmOptions.vllm_config,
-    log_level: str = "INFO",
-) -> None:
-    """Run a worker that claims requests for MODEL and streams results back."""
-    from worker.engine.errors import ModelLoadError
-    from worker.engine_process import EngineProcessDied
-    from worker.main import WorkerOptions, engine_config, run_worker
-    from worker.vllm_engine.config import VllmMissing
-
-    _logging(log_level)
-    settings = settings_for(redis_url)
-    opts = WorkerOptions(
-        model=model or settings.default_model,
-        served_model_name=served_model_name,
-        device=device,
-        dtype=dtype,
-        max_num_seqs=max_num_seqs,
-        kv_cache_mib=kv_cache_mib,
-        pooling=pooling,
-        max_loras=max_loras,
-        max_lora_rank=max_lora_rank,
-        burst=burst,
-        enforce_eager=enforce_eager,
-        max_model_len=max_model_len,
-        self_check=self_check,
-        trust_remote_code=trust_remote_code,
-        async_scheduling=async_scheduling,
-        timed_forward_ms=timed_forward_ms,
-        grammar_compile_threads=grammar_compile_threads,
-        grammar_compile_timeout_s=grammar_compile_timeout_s,
-        engine_process=engine_process,
-        quantization=quantization,
-        engine=engine,
-        vllm=VllmOptions(
-            tensor_parallel_size=tensor_parallel_size,
-            pipeline_parallel_size=pipeline_parallel_size,
-            speculative_config=speculative_config,
-            gpu_memory_utilization=gpu_memory_utilization,
-            vllm_arg=tuple(vllm_arg or ()),
-            vllm_config=vllm_config,
-        ),
-    )
-    try:
-        config = engine_config(opts)
-    except (ValueError, VllmMissing) as e:
-        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from e
-    try:
-        run_worker(settings, opts, config)
-    except (ModelLoadError, EngineProcessDied) as e:  # one line: what failed and why
-        console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from e
-
-
-@app.command()
 def up(
     model: ModelOpt = DEFAULT_MODEL,
     port: Annotated[int | None, typer.Option(help="gateway port (default 8000, else free)")] = None,
@@ -195,7 +72,7 @@ def up(
     """Everything on this host: an embedded Redis, a worker on MODEL, a gateway."""
     from producer.up import run_up
 
-    _logging(log_level)
+    configure_logging(log_level)
     run_up(model, port, console, () if quantization is None else ("--quantization", quantization))
 
 
@@ -314,12 +191,6 @@ def _print_final(final: FinalEvent) -> None:
     console.print(
         f"[dim]finish: {final.finish_reason}, {final.usage.completion_tokens} tokens, "
         f"ttft {t.ttft_s}s, total {t.total_s}s[/]"
-    )
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
 

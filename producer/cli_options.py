@@ -1,40 +1,19 @@
-"""What every `tokenq` command shares: the Redis option and where settings come from."""
+"""What the producer's `tokenq` commands share: one red line for an error (the Redis
+option and where settings come from are ``shared.cli_options``, the worker's too)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, NoReturn
+from typing import NoReturn
 
 import redis
 import typer
 from rich.console import Console
 
-from producer.embedded import up_state_file
+from shared.cli_options import RedisOpt, settings_for
 from shared.connection import UNREACHABLE, shown_url, unreachable_message
 from shared.errors import TokenqError
-from shared.settings import Settings
-
-RedisOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--redis", help="Redis URL (default: TOKENQ_REDIS_URL, else a running `tokenq up`)"
-    ),
-]
-
-
-def settings_for(redis_url: str | None) -> Settings:
-    """Settings with the Redis URL from the flag, the environment, or `tokenq up`."""
-    env = Settings()
-    if redis_url:
-        return Settings(redis_url=redis_url)
-    if "TOKENQ_REDIS_URL" in os.environ:
-        return env
-    state = up_state_file()
-    if state.exists():
-        return Settings(redis_url=state.read_text().strip())
-    return env
 
 
 @contextmanager
@@ -55,3 +34,6 @@ def cli_errors(console: Console, redis_url: str | None = None) -> Iterator[None]
 def _fail(console: Console, message: str, cause: BaseException) -> NoReturn:
     console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(1) from cause
+
+
+__all__ = ["RedisOpt", "cli_errors", "settings_for"]

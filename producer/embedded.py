@@ -124,7 +124,3 @@ def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
             time.sleep(0.05)
         finally:
             client.close()
-
-
-def up_state_file() -> Path:
-    return Path.home() / ".cache" / "tokenq" / "up.url"

@@ -18,8 +18,9 @@ from typing import Any
 from rich.console import Console
 
 from producer.client import Client
-from producer.embedded import EmbeddedRedis, die_with_parent, free_port, up_state_file
+from producer.embedded import EmbeddedRedis, die_with_parent, free_port
 from producer.up_ready import Gateway, say_up, wait_until_serving
+from shared.cli_options import up_state_file
 from shared.registry import mark_served
 from shared.settings import Settings
 

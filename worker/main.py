@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -10,7 +11,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +26,12 @@ from worker.chat_template import chat_features
 from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
 from worker.engine_process import EngineProcess
+from worker.flags import Flags
 from worker.heartbeat import Heartbeat, LoadingBeat
 from worker.lease_keeper import LeaseKeeper
 from worker.metrics import WorkerMetrics, serve_http
 from worker.model_store import resolve_model
+from worker.options import WorkerOptions
 from worker.queue import ModelQueue
 from worker.service import WorkerService
 from worker.sim import SimConfig, SimEngine, is_sim
@@ -39,89 +42,50 @@ if TYPE_CHECKING:
     from worker.engine import Engine
     from worker.vllm_engine.engine import VllmEngine
 
-
 log = logging.getLogger("tokenq.worker")
 # How long a worker about to serve waits for its lease keeper to be up (it started as the
 # model began to load, so this is rarely waited for).
 KEEPER_START_S = 30.0
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    model: str
-    served_model_name: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    max_num_seqs: int | None = None
-    kv_cache_mib: int | None = None
-    pooling: str = "mean"
-    max_loras: int = 4
-    max_lora_rank: int = 16
-    burst: bool = False
-    enforce_eager: bool = False
-    max_model_len: int | None = None
-    self_check: bool = True
-    trust_remote_code: bool = False
-    async_scheduling: bool | None = None  # None: the device's default
-    timed_forward_ms: float | None = None
-    grammar_compile_threads: int = 4
-    grammar_compile_timeout_s: float = 10.0
-    engine_process: bool = False  # the engine in a child process (worker/engine_process.py)
-    quantization: str | None = None
-    engine: str = "builtin"  # or "vllm" (worker/vllm_engine/), with the options below
-    vllm: VllmOptions = field(default_factory=VllmOptions)
-
-
-ENGINES = ("builtin", "vllm")
-
-
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig | VllmEngineConfig:
-    """The engine's settings, built once and validated before anything is announced
-    (a model name, not yet its resolved path: that may mean a download or a conversion)."""
-    if opts.engine not in ENGINES:
-        raise ValueError(f"--engine {opts.engine!r}: give one of {', '.join(ENGINES)}")
-    if opts.engine == "vllm":
-        return vllm_engine_config(opts.model, opts.vllm, _vllm_shared(opts))
-    if is_sim(opts.model):
-        sim = SimConfig.parse(opts.model)
-        return replace(sim, max_loras=opts.max_loras, max_lora_rank=opts.max_lora_rank)
-    config = EngineConfig(
-        model=opts.model,
-        device=opts.device,
-        dtype=opts.dtype,
-        kv_cache_mib=opts.kv_cache_mib,
-        pooling=opts.pooling,
-        enforce_eager=opts.enforce_eager,
-        max_loras=opts.max_loras,
-        max_lora_rank=opts.max_lora_rank,
-        max_model_len=opts.max_model_len,
-        self_check=opts.self_check,
-        trust_remote_code=opts.trust_remote_code,
-        async_scheduling=opts.async_scheduling,
-        timed_forward_ms=opts.timed_forward_ms,
-        grammar_compile_threads=opts.grammar_compile_threads,
-        grammar_compile_timeout_s=opts.grammar_compile_timeout_s,
-        quantization=opts.quantization,
-    )
-    if opts.max_num_seqs is not None:
-        config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again
-    return config
+def engine_config(model: str, flags: Flags) -> EngineConfig | SimConfig | VllmEngineConfig:
+    """The engine's settings from the worker's options, built once and validated before
+    anything is announced (a model name, not yet its resolved path: that may mean a
+    download or a conversion). A simulated model takes only the LoRA limits from them;
+    ``--engine vllm`` takes ``VllmOptions`` and the engine options vLLM shares."""
+    engine = flags.values.get("engine", "builtin")  # flags of EngineConfig alone: built-in
+    if engine not in ENGINES:
+        raise ValueError(f"--engine {engine!r}: give one of {', '.join(ENGINES)}")
+    if engine == "vllm":
+        return vllm_engine_config(model, flags.of(VllmOptions), _vllm_shared(flags))
+    if is_sim(model):
+        sim = SimConfig.parse(model)
+        lora = flags.options_of(EngineConfig)
+        return replace(sim, max_loras=lora["max_loras"], max_lora_rank=lora["max_lora_rank"])
+    return flags.of(EngineConfig, model=model)
 
 
-def _vllm_shared(opts: WorkerOptions) -> dict[str, Any]:
-    """The worker's own flags that vLLM takes as well (None: not given)."""
-    return {
-        "dtype": None if opts.dtype == "auto" else opts.dtype,
-        "max_num_seqs": opts.max_num_seqs,
-        "max_model_len": opts.max_model_len,
-        "enforce_eager": opts.enforce_eager,
-        "quantization": opts.quantization,
-        "trust_remote_code": opts.trust_remote_code,
-    }
+ENGINES = ("builtin", "vllm")
+# The built-in engine's options that vLLM takes under the same names.
+VLLM_SHARED = (
+    "dtype",
+    "max_num_seqs",
+    "max_model_len",
+    "enforce_eager",
+    "quantization",
+    "trust_remote_code",
+)
+
+
+def _vllm_shared(flags: Flags) -> dict[str, Any]:
+    """Those of ``VLLM_SHARED`` given (not at their defaults)."""
+    given = flags.options_of(EngineConfig)
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    return {k: given[k] for k in VLLM_SHARED if given[k] != defaults[k]}
 
 
 def build_engine(
@@ -145,16 +109,16 @@ def run_worker(
     settings: Settings, opts: WorkerOptions, config: EngineConfig | SimConfig | VllmEngineConfig
 ) -> None:
     """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty), with
-    the engine ``config`` that ``engine_config(opts)`` built."""
+    the engine ``config`` that ``engine_config`` built."""
     started = time.monotonic()
     tracing.set_service_name("tokenq-worker")
-    model_name = opts.served_model_name or opts.model
+    model_name = opts.served_model_name or opts.model or settings.default_model
     connection = connect(settings.redis_url, settings.redis_cluster, health_check_interval=30)
     wait_for_redis(connection, settings.redis_url, log)
     worker_id = new_worker_id()
     queue = ModelQueue(connection, settings, model_name, worker_id)
     guided = serves_structured_outputs(config)
-    loading = LoadingBeat(queue, {**_info(model_name, opts), GUIDED_FIELD: int(guided)})
+    loading = LoadingBeat(queue, {**_info(model_name, config), GUIDED_FIELD: int(guided)})
     loading.beat()  # the model counts as served from here on: requests queue meanwhile
     loading.start()
     metrics, readiness = WorkerMetrics(model_name), Readiness()
@@ -220,8 +184,11 @@ class Readiness:
         return self.check()
 
 
-def _info(model_name: str, opts: WorkerOptions) -> dict[str, Any]:
-    return {"model": model_name, "version": VERSION, "pid": os.getpid(), "device": opts.device}
+def _info(model_name: str, config: EngineConfig | SimConfig | VllmEngineConfig) -> dict[str, Any]:
+    device = config.device if isinstance(config, EngineConfig) else SimEngine.device
+    if isinstance(config, VllmEngineConfig):
+        device = "vllm"  # vLLM picks it; the heartbeat says which once it has started
+    return {"model": model_name, "version": VERSION, "pid": os.getpid(), "device": device}
 
 
 def serves_structured_outputs(config: EngineConfig | SimConfig | VllmEngineConfig) -> bool:

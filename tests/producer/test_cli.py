@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -133,3 +135,14 @@ def test_the_state_line_of_a_running_or_ended_request(
     assert state_line(handle.status()) == "running on w7"
     assert later.cancel() == "cancelled"
     assert state_line(later.status()) == "cancelled"
+
+
+def test_the_producer_commands_import_nothing_of_the_worker_until_it_is_asked_for() -> None:
+    probe = (
+        "import sys; from producer.cli import app; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'worker'))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]"

@@ -3,8 +3,10 @@ import time
 import pytest
 
 from shared.models import FinishReason, SamplingParams
+from worker.engine.config import EngineConfig
 from worker.engine.request import EngineRequest
-from worker.main import WorkerOptions, engine_config
+from worker.flags import Flags
+from worker.main import engine_config
 from worker.sim import SimConfig, SimEngine, is_sim
 
 
@@ -18,8 +20,8 @@ def test_parse_settings_and_refuse_unknown_ones() -> None:
 
 def test_the_worker_s_lora_options_say_which_adapter_requests_it_claims() -> None:
     def limit(max_loras: int = 4, max_lora_rank: int = 16) -> int:
-        options = WorkerOptions("sim:knee=4", max_loras=max_loras, max_lora_rank=max_lora_rank)
-        config = engine_config(options)
+        flags = Flags.defaults(EngineConfig, max_loras=max_loras, max_lora_rank=max_lora_rank)
+        config = engine_config("sim:knee=4", flags)
         assert isinstance(config, SimConfig)
         return SimEngine(config).lora_rank_limit()
 

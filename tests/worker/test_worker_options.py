@@ -6,12 +6,14 @@ from typer.testing import CliRunner
 
 from producer.cli import app
 from worker.engine.config import EngineConfig
-from worker.main import WorkerOptions, engine_config
+from worker.flags import Flags
+from worker.main import engine_config
 
 
 def test_model_loading_options_reach_the_engine_config() -> None:
     config = engine_config(
-        WorkerOptions("org/model", max_model_len=4096, self_check=False, trust_remote_code=True)
+        "org/model",
+        Flags.defaults(EngineConfig, max_model_len=4096, self_check=False, trust_remote_code=True),
     )
     assert isinstance(config, EngineConfig)
     assert (config.max_model_len, config.self_check, config.trust_remote_code) == (
@@ -19,7 +21,7 @@ def test_model_loading_options_reach_the_engine_config() -> None:
         False,
         True,
     )
-    default = engine_config(WorkerOptions("org/model"))
+    default = engine_config("org/model", Flags.defaults(EngineConfig))
     assert isinstance(default, EngineConfig)
     assert default.self_check and not default.trust_remote_code and default.max_model_len is None
 
@@ -33,7 +35,8 @@ def test_the_worker_command_offers_them() -> None:
 
 def test_grammar_compile_bounds_reach_the_engine_config() -> None:
     config = engine_config(
-        WorkerOptions("org/model", grammar_compile_threads=2, grammar_compile_timeout_s=3.5)
+        "org/model",
+        Flags.defaults(EngineConfig, grammar_compile_threads=2, grammar_compile_timeout_s=3.5),
     )
     assert isinstance(config, EngineConfig)
     assert (config.grammar_compile_threads, config.grammar_compile_timeout_s) == (2, 3.5)
@@ -44,7 +47,7 @@ def test_grammar_compile_bounds_reach_the_engine_config() -> None:
 
 
 def test_quantization_reaches_the_engine_config_and_a_wrong_one_is_refused_by_name() -> None:
-    config = engine_config(WorkerOptions("org/model", quantization="int8"))
+    config = engine_config("org/model", Flags.defaults(EngineConfig, quantization="int8"))
     assert isinstance(config, EngineConfig) and config.quantization == "int8"
     result = CliRunner().invoke(app, ["worker", "--model", "org/model", "--quantization", "int3"])
     assert result.exit_code == 2 and "quantization must be one of int8" in result.output

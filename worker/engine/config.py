@@ -3,7 +3,7 @@ default of the device the engine runs on (``EngineConfig.for_device``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from worker.engine.pooling import POOLING_METHODS
@@ -18,7 +18,8 @@ LOOKAHEAD_REFILL = 2
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the engine runs; checked when made, and fixed after.
+    """How the engine runs; checked when made, and fixed after. A field with a ``help``
+    is an option of `tokenq worker` too (``worker.flags``), declared here only.
 
     The KV cache is one pool of ``kv_block_size``-token blocks, allocated once:
     ``kv_cache_mib`` of it, or with ``None`` the ``kv_cache_share`` of the memory
@@ -72,11 +73,21 @@ class EngineConfig:
     """
 
     model: str
-    device: str = "auto"
-    dtype: str = "auto"
-    max_num_seqs: int | None = None
+    device: str = field(
+        default="auto",
+        metadata={"help": "auto (CUDA if there is a GPU, else the CPU), cpu, cuda or cuda:N"},
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16 or float16"
+        },
+    )
+    max_num_seqs: int | None = field(default=None, metadata={"help": "most requests in a batch"})
     max_num_batched_tokens: int | None = None
-    kv_cache_mib: int | None = None
+    kv_cache_mib: int | None = field(
+        default=None, metadata={"help": "KV cache budget in MiB (a hybrid's state slots too)"}
+    )
     kv_cache_share: float | None = None
     kv_block_size: int = 16
     enable_prefix_caching: bool = True
@@ -88,21 +99,64 @@ class EngineConfig:
     num_threads: int | None = None
     fuse_layers: bool = True
     ttft_priority: int | None = 100
-    max_model_len: int | None = None
-    pooling: str = "mean"
-    enforce_eager: bool = False
-    max_loras: int = 4
-    max_lora_rank: int = 16
-    trust_remote_code: bool = False
-    self_check: bool = True
+    max_model_len: int | None = field(
+        default=None,
+        metadata={"help": "most tokens one request may hold (default: the model's context)"},
+    )
+    pooling: str = field(
+        default="mean",
+        metadata={"help": "how embeddings pool the last hidden state: mean, last or cls"},
+    )
+    enforce_eager: bool = field(
+        default=False, metadata={"help": "on CUDA, run every step eagerly (no CUDA graphs)"}
+    )
+    max_loras: int = field(
+        default=4,
+        metadata={"help": "LoRA adapters resident at once (0: claims no adapter requests)"},
+    )
+    max_lora_rank: int = field(
+        default=16, metadata={"help": "the largest adapter rank it loads (and claims requests of)"}
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "let the model run code from its own repository"}
+    )
+    self_check: bool = field(
+        default=True,
+        metadata={
+            "help": "at start-up, compare the engine's logits with transformers' and refuse to "
+            "serve a model that differs"
+        },
+    )
     # Structured outputs: grammars compile on this many threads, so one large schema
     # does not hold the others behind it; one still compiling after the time limit
     # ends its requests with an error naming the limit.
-    grammar_compile_threads: int = 4
-    grammar_compile_timeout_s: float = 10.0
-    async_scheduling: bool | None = None
-    timed_forward_ms: float | None = None
-    quantization: str | None = None
+    grammar_compile_threads: int = field(
+        default=4, metadata={"help": "threads compiling structured-output grammars"}
+    )
+    grammar_compile_timeout_s: float = field(
+        default=10.0, metadata={"help": "a grammar still compiling after this ends its requests"}
+    )
+    async_scheduling: bool | None = field(
+        default=None,
+        metadata={
+            "help": "schedule the next step while one runs (off: wait for each step); default: on "
+            "on CUDA and the timed forward, off on the CPU's own forward"
+        },
+    )
+    timed_forward_ms: float | None = field(
+        default=None,
+        metadata={
+            "help": "benchmarks: the model's forward replaced by a wait of this long "
+            "(deterministic tokens, not the model's)"
+        },
+    )
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "int8: keep the projections' weights in 8 bits (CPU; the built-in engine); "
+            "default: the checkpoint's dtype"
+        },
+    )
 
     def num_to_claim(self, max_num_seqs: int, num_held: int) -> int:
         """How many new requests to claim beside the ``num_held`` the engine holds

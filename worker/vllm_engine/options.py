@@ -42,8 +42,8 @@ class VllmOptions:
     gpu_memory_utilization: float | None = field(
         default=None, metadata={"help": "vLLM: share of GPU memory it takes (default vLLM's)"}
     )
-    vllm_arg: tuple[str, ...] = field(
-        default=(),
+    vllm_arg: list[str] | None = field(
+        default=None,
         metadata={"help": "vLLM: any other engine argument, KEY=VALUE (repeatable; JSON values)"},
     )
     vllm_config: str | None = field(
@@ -60,7 +60,7 @@ def engine_arg_values(opts: VllmOptions, shared: Mapping[str, Any]) -> dict[str,
     then each flag given (a flag left at its default does not override the others).
     ``shared`` holds the worker flags vLLM takes too, None where not given."""
     values = read_config_file(opts.vllm_config) if opts.vllm_config else {}
-    values.update(parse_pairs(opts.vllm_arg))
+    values.update(parse_pairs(opts.vllm_arg or ()))
     for f in fields(VllmOptions):
         value = getattr(opts, f.name)
         if f.name not in SOURCES and value != f.default:

@@ -32,7 +32,7 @@ def test_a_pair_without_a_value_is_refused_by_what_was_given() -> None:
 def test_flags_override_pairs_which_override_the_config_file(tmp_path: Path) -> None:
     config = tmp_path / "vllm.yaml"
     config.write_text("max-num-seqs: 8\nseed: 1\ntensor_parallel_size: 4\n")
-    opts = VllmOptions(tensor_parallel_size=2, vllm_arg=("seed=3",), vllm_config=str(config))
+    opts = VllmOptions(tensor_parallel_size=2, vllm_arg=["seed=3"], vllm_config=str(config))
     values = engine_arg_values(opts, {"max_num_seqs": None, "dtype": "float32"})
     assert values == {"max_num_seqs": 8, "seed": 3, "tensor_parallel_size": 2, "dtype": "float32"}
 
