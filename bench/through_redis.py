@@ -23,6 +23,13 @@ the same worker from another checkout (e.g. ``git archive main | tar -x -C DIR``
 back to back in the same run, for a before/after:
 
     python bench/through_redis.py --sim --repeat 10 [--baseline /tmp/tokenq-main]
+
+``--engine vllm`` runs vLLM's engine (``bench/vllm_bench.py``; vLLM from ``.venv-vllm``,
+``make vllm-setup``): ``LLM.generate`` alone against ``tokenq worker --engine vllm``
+through Redis, then the built-in engine both ways, alternated, same dtype; engine
+arguments as ``--vllm-arg KEY=VALUE`` (e.g. ``enforce_eager=true`` to skip compiling):
+
+    python bench/through_redis.py --engine vllm --workload bench/workloads/mixed32.jsonl
 """
 
 from __future__ import annotations
@@ -255,8 +262,18 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=1, help="engine alone and worker alternated, this many times"
     )
+    parser.add_argument("--engine", choices=("builtin", "vllm"), default="builtin")
+    parser.add_argument(
+        "--vllm-arg", action="append", default=[], help="with --engine vllm: KEY=VALUE"
+    )
     args = parser.parse_args()
     rows = load(args.workload) * args.repeat
+    if args.engine == "vllm":
+        from bench.vllm_bench import main_vllm
+        from worker.vllm_engine.options import parse_pairs
+
+        main_vllm(rows, parse_pairs(args.vllm_arg), args.rounds)
+        return
     if args.sim is not None:
         main_sim(args, rows)
         return

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shared.errors import MissingCapability
 from shared.keys import Keys, model_tag
 from shared.models import GenerationRequest
-from shared.refusal import RefusalCode, RequestRefused
+from shared.refusal import RefusalCode, RequestRefused, invalid
 from shared.replies import text
 
 # How long a client keeps the limits it read before reading them again.
@@ -39,6 +39,7 @@ class ModelLimits(BaseModel):
     max_model_len: int = Field(ge=1, description="prompt plus generated tokens of a request")
     embedding_size: int | None = Field(None, ge=1)
     guided: bool = Field(True, description="it serves structured outputs (guided_*)")
+    prompt_scores: bool = Field(True, description="it scores prompts (prompt_logprobs)")
     max_bytes_per_token: int | None = Field(
         None, ge=1, description="the most UTF-8 bytes one token of its vocabulary spells"
     )
@@ -51,6 +52,12 @@ class ModelLimits(BaseModel):
             raise RequestRefused(code, param, f"invalid request for model {req.model!r}: {detail}")
         if req.sampling.guided and not self.guided:
             raise MissingCapability(req.model, "structured outputs")
+        if req.sampling.prompt_logprobs is not None and not self.prompt_scores:
+            raise invalid(
+                "prompt_logprobs",
+                f"prompt_logprobs: no worker of model {req.model!r} scores prompts (its "
+                "workers run vLLM's engine); leave prompt_logprobs and echo out",
+            )
 
 
 def check_limits(limits: ModelLimits | None, requests: Iterable[GenerationRequest]) -> None:
@@ -75,6 +82,7 @@ def merged(limits: Iterable[ModelLimits]) -> ModelLimits | None:
         max_model_len=max(x.max_model_len for x in every),
         embedding_size=max(sizes) if sizes else None,
         guided=any(x.guided for x in every),
+        prompt_scores=any(x.prompt_scores for x in every),
         # A worker that did not say may take any text: then no text is bounded.
         max_bytes_per_token=max(spelled) if len(spelled) == len(every) else None,
     )

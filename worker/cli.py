@@ -7,15 +7,17 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from shared.cli_options import RedisOpt, configure_logging, settings_for
 from worker.engine.config import EngineConfig
 from worker.flags import Flags, command_with_options
 from worker.options import WorkerOptions
+from worker.vllm_engine.options import VllmOptions
 
 console = Console(stderr=True)
 # The dataclasses whose option fields `tokenq worker` offers, in the order --help shows them.
-OPTION_SOURCES: tuple[type, ...] = (WorkerOptions, EngineConfig)
+OPTION_SOURCES: tuple[type, ...] = (WorkerOptions, EngineConfig, VllmOptions)
 
 
 @command_with_options(*OPTION_SOURCES)
@@ -28,6 +30,7 @@ def worker(
     from worker.engine.errors import ModelLoadError
     from worker.engine_process import EngineProcessDied
     from worker.main import engine_config, run_worker
+    from worker.vllm_engine.config import VllmMissing
 
     configure_logging(log_level)
     settings = settings_for(redis_url)
@@ -35,8 +38,8 @@ def worker(
     model = opts.model or settings.default_model
     try:
         config = engine_config(model, flags)
-    except ValueError as e:
-        console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+    except (ValueError, VllmMissing) as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from e
     try:
         run_worker(settings, opts, config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -34,9 +35,12 @@ from worker.options import WorkerOptions
 from worker.queue import ModelQueue
 from worker.service import WorkerService
 from worker.sim import SimConfig, SimEngine, is_sim
+from worker.vllm_engine.config import VllmEngineConfig, vllm_engine_config
+from worker.vllm_engine.options import VllmOptions
 
 if TYPE_CHECKING:
     from worker.engine import Engine
+    from worker.vllm_engine.engine import VllmEngine
 
 log = logging.getLogger("tokenq.worker")
 # How long a worker about to serve waits for its lease keeper to be up (it started as the
@@ -48,10 +52,16 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def engine_config(model: str, flags: Flags) -> EngineConfig | SimConfig:
+def engine_config(model: str, flags: Flags) -> EngineConfig | SimConfig | VllmEngineConfig:
     """The engine's settings from the worker's options, built once and validated before
     anything is announced (a model name, not yet its resolved path: that may mean a
-    download or a conversion). A simulated model takes only the LoRA limits from them."""
+    download or a conversion). A simulated model takes only the LoRA limits from them;
+    ``--engine vllm`` takes ``VllmOptions`` and the engine options vLLM shares."""
+    engine = flags.values.get("engine", "builtin")  # flags of EngineConfig alone: built-in
+    if engine not in ENGINES:
+        raise ValueError(f"--engine {engine!r}: give one of {', '.join(ENGINES)}")
+    if engine == "vllm":
+        return vllm_engine_config(model, flags.of(VllmOptions), _vllm_shared(flags))
     if is_sim(model):
         sim = SimConfig.parse(model)
         lora = flags.options_of(EngineConfig)
@@ -59,12 +69,35 @@ def engine_config(model: str, flags: Flags) -> EngineConfig | SimConfig:
     return flags.of(EngineConfig, model=model)
 
 
+ENGINES = ("builtin", "vllm")
+# The built-in engine's options that vLLM takes under the same names.
+VLLM_SHARED = (
+    "dtype",
+    "max_num_seqs",
+    "max_model_len",
+    "enforce_eager",
+    "quantization",
+    "trust_remote_code",
+)
+
+
+def _vllm_shared(flags: Flags) -> dict[str, Any]:
+    """Those of ``VLLM_SHARED`` given (not at their defaults)."""
+    given = flags.options_of(EngineConfig)
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    return {k: given[k] for k in VLLM_SHARED if given[k] != defaults[k]}
+
+
 def build_engine(
-    config: EngineConfig | SimConfig, engine_process: bool = False
-) -> Engine | SimEngine | EngineProcess:
+    config: EngineConfig | SimConfig | VllmEngineConfig, engine_process: bool = False
+) -> Engine | SimEngine | EngineProcess | VllmEngine:
     """The engine; with ``engine_process``, a real one runs in a child process."""
     if isinstance(config, SimConfig):
         return SimEngine(config)
+    if isinstance(config, VllmEngineConfig):
+        from worker.vllm_engine.engine import VllmEngine  # vLLM loads here, only when asked
+
+        return VllmEngine(replace(config, model=str(resolve_model(config.model))))
     if engine_process:
         return EngineProcess(config)
     from worker.engine import Engine  # torch loads here, not for sim workers
@@ -72,7 +105,9 @@ def build_engine(
     return Engine(replace(config, model=str(resolve_model(config.model))))
 
 
-def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | SimConfig) -> None:
+def run_worker(
+    settings: Settings, opts: WorkerOptions, config: EngineConfig | SimConfig | VllmEngineConfig
+) -> None:
     """Serve until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty), with
     the engine ``config`` that ``engine_config`` built."""
     started = time.monotonic()
@@ -117,13 +152,13 @@ def run_worker(settings: Settings, opts: WorkerOptions, config: EngineConfig | S
 
 
 def _load(
-    config: EngineConfig | SimConfig,
+    config: EngineConfig | SimConfig | VllmEngineConfig,
     engine_process: bool,
     loading: LoadingBeat,
     connection: Any,
     settings: Settings,
     model_name: str,
-) -> Engine | SimEngine | EngineProcess:
+) -> Engine | SimEngine | EngineProcess | VllmEngine:
     """The engine; if the model cannot be loaded, the worker takes back what it registered
     and leaves the reason for submits to read (``withdraw_failed_worker``), then raises."""
     try:
@@ -149,16 +184,20 @@ class Readiness:
         return self.check()
 
 
-def _info(model_name: str, config: EngineConfig | SimConfig) -> dict[str, Any]:
+def _info(model_name: str, config: EngineConfig | SimConfig | VllmEngineConfig) -> dict[str, Any]:
     device = config.device if isinstance(config, EngineConfig) else SimEngine.device
+    if isinstance(config, VllmEngineConfig):
+        device = "vllm"  # vLLM picks it; the heartbeat says which once it has started
     return {"model": model_name, "version": VERSION, "pid": os.getpid(), "device": device}
 
 
-def serves_structured_outputs(config: EngineConfig | SimConfig) -> bool:
+def serves_structured_outputs(config: EngineConfig | SimConfig | VllmEngineConfig) -> bool:
     """Whether this worker's grammar backend works; says so in one line when not (the
     worker then registers that, and claims no structured request)."""
     if isinstance(config, SimConfig):
         return True  # a simulated model takes any request and ignores its grammar
+    if isinstance(config, VllmEngineConfig):
+        return False  # not mapped yet (worker.vllm_engine.mapping): claims none
     from worker.engine.grammar import grammar_backend_problem
 
     problem = grammar_backend_problem()
@@ -177,7 +216,7 @@ def start_keeper(settings: Settings, queue: ModelQueue) -> LeaseKeeper | None:
 
 def start_heartbeat(
     service: WorkerService,
-    engine: Engine | SimEngine | EngineProcess,
+    engine: Engine | SimEngine | EngineProcess | VllmEngine,
     keeper: LeaseKeeper | None = None,
 ) -> Heartbeat:
     info = {

@@ -21,3 +21,10 @@ class WorkerOptions:
             "side and tokenizer (default: off, one process)"
         },
     )
+    engine: str = field(
+        default="builtin",
+        metadata={
+            "help": "builtin (tokenq's own) or vllm (vLLM's engine: tokenq's vllm extra, or "
+            "`make vllm-setup` on CPUs); the options whose help starts with vLLM: are its"
+        },
+    )

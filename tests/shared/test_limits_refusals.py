@@ -94,3 +94,15 @@ def test_no_text_is_bounded_while_one_worker_has_not_said() -> None:
     assert merged([SPELLED, older]).max_bytes_per_token is None  # type: ignore[union-attr]
     wider = SPELLED.model_copy(update={"max_bytes_per_token": 9})
     assert merged([SPELLED, wider]).max_bytes_per_token == 9  # type: ignore[union-attr]
+
+
+def test_prompt_scoring_is_refused_at_submit_while_no_worker_scores_prompts() -> None:
+    unscoring = LIMITS.model_copy(update={"prompt_scores": False})  # vLLM's engine
+    scoring = GenerationRequest(
+        model=DEFAULT_MODEL, prompt="hi", sampling=SamplingParams(prompt_logprobs=1)
+    )
+    with pytest.raises(RequestRefused) as refused:
+        check_limits(unscoring, [scoring])
+    assert refused.value.refusal.param == "prompt_logprobs"
+    check_limits(merged([unscoring, LIMITS]), [scoring])  # a built-in worker scores it
+    check_limits(unscoring, [GenerationRequest(model=DEFAULT_MODEL, prompt="hi")])

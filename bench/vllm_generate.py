@@ -1,0 +1,71 @@
+"""vLLM's own ``LLM.generate``: the reference of the vLLM worker's tests and the
+"engine alone" of ``bench/through_redis.py --engine vllm``. Run it in ``.venv-vllm``.
+
+``python bench/vllm_generate.py MODEL_DIR CASES.jsonl OUT.json`` reads
+one case a line (``messages`` or ``prompt``, and vLLM ``SamplingParams`` fields by their
+own names), renders each prompt as a tokenq worker does (the same chat template through
+the same tokenizer), runs them all through ``vllm.LLM.generate`` and writes, per case,
+its prompt's ids, the tokens, text, chosen-token logprobs and finish reason, with the
+seconds start-up and generation took. Engine arguments come as ``KEY=VALUE`` after the
+paths (JSON values), the same the worker under test is given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+
+def main(model_dir: str, cases_path: str, out_path: str, pairs: list[str]) -> None:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from worker.engine.prompt_tokens import encode_chat, encode_text
+    from worker.vllm_engine.options import parse_pairs
+
+    with open(cases_path) as lines:
+        cases = [json.loads(line) for line in lines if line.strip()]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts: list[TokensPrompt] = []
+    params = []
+    for case in cases:
+        if "messages" in case:
+            ids = encode_chat(tokenizer, case["messages"])
+        else:
+            ids = encode_text(tokenizer, case["prompt"], add_special_tokens=True)
+        prompts.append(TokensPrompt(prompt_token_ids=ids))
+        fields = {k: v for k, v in case.items() if k not in ("messages", "prompt")}
+        params.append(SamplingParams(**fields))
+    started = time.monotonic()
+    llm = LLM(model=model_dir, **parse_pairs(pairs))
+    startup_s = time.monotonic() - started
+    started = time.monotonic()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    generate_s = time.monotonic() - started
+    results = [
+        _result(p["prompt_token_ids"], o.outputs[0]) for p, o in zip(prompts, outputs, strict=True)
+    ]
+    with open(out_path, "w") as out:
+        json.dump({"startup_s": startup_s, "generate_s": generate_s, "results": results}, out)
+
+
+def _result(prompt_token_ids: list[int], completion: Any) -> dict[str, Any]:
+    chosen = None
+    if completion.logprobs is not None:
+        chosen = [
+            entry[token_id].logprob
+            for token_id, entry in zip(completion.token_ids, completion.logprobs, strict=True)
+        ]
+    return {
+        "prompt_token_ids": list(prompt_token_ids),
+        "token_ids": list(completion.token_ids),
+        "text": completion.text,
+        "logprobs": chosen,
+        "finish_reason": completion.finish_reason,
+    }
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])

@@ -1,0 +1,103 @@
+"""A tokenq request as vLLM's: what maps, what is refused by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from shared.models import SamplingParams
+from shared.refusal import RequestRefused
+from tests.worker.engine.factories import make_request
+from worker.engine.request import LoraRef
+from worker.vllm_engine.mapping import (
+    logprob_entry,
+    refuse_unmapped,
+    sampling_kwargs,
+    vllm_priority,
+)
+
+
+@dataclass
+class Lp:
+    logprob: float
+    rank: int | None
+
+
+def test_sampling_fields_map_by_name() -> None:
+    req = make_request(
+        [1, 2, 3],
+        sampling=SamplingParams(
+            max_tokens=20,
+            min_tokens=2,
+            temperature=0.7,
+            top_p=0.9,
+            top_k=40,
+            min_p=0.05,
+            repetition_penalty=1.1,
+            presence_penalty=0.5,
+            frequency_penalty=0.25,
+            logit_bias={5: -100.0},
+            seed=11,
+            stop=("END",),
+            stop_token_ids=(9,),
+            ignore_eos=True,
+            logprobs=3,
+        ),
+    )
+    kwargs = sampling_kwargs(req)
+    assert kwargs == {
+        "max_tokens": 20,
+        "min_tokens": 2,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.25,
+        "logit_bias": {5: -100.0},
+        "seed": 11,
+        "stop_token_ids": [9],
+        "ignore_eos": True,
+        "logprobs": 3,
+        "detokenize": False,  # stop strings are matched on tokenq's side
+    }
+
+
+def test_a_resumed_request_asks_only_for_what_it_has_left() -> None:
+    req = make_request([1, 2], output_token_ids=[7, 8, 9], max_tokens=10, min_tokens=5)
+    kwargs = sampling_kwargs(req)
+    assert (kwargs["max_tokens"], kwargs["min_tokens"]) == (7, 2)
+
+
+def test_a_higher_tokenq_priority_is_a_lower_vllm_value() -> None:
+    assert vllm_priority(100) < vllm_priority(50) < vllm_priority(0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"task": "embed"}, "task"),
+        ({"lora": LoraRef("a", "/adapters/a")}, "lora"),
+        ({"sampling": SamplingParams(prompt_logprobs=1)}, "prompt_logprobs"),
+        ({"sampling": SamplingParams(max_tokens=0, prompt_logprobs=0)}, "prompt_logprobs"),
+        ({"sampling": SamplingParams(guided_json={"type": "object"})}, "guided_json"),
+        ({"sampling": SamplingParams(guided_regex="[a-z]+")}, "guided_regex"),
+    ],
+)
+def test_what_does_not_map_is_refused_by_name(kwargs: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestRefused) as refused:
+        refuse_unmapped(make_request([1, 2], **kwargs))
+    assert refused.value.refusal.param == param
+
+
+def test_logprobs_keep_the_chosen_token_and_the_top_in_rank_order() -> None:
+    entry = {4: Lp(-2.5, 3), 1: Lp(-0.1, 1), 2: Lp(-1.0, 2)}
+    assert logprob_entry(4, entry, 2) == {
+        "token_id": 4,
+        "logprob": -2.5,
+        "top": [{"token_id": 1, "logprob": -0.1}, {"token_id": 2, "logprob": -1.0}],
+    }
+    assert logprob_entry(1, {1: Lp(-0.1, 1)}, 0)["top"] == []

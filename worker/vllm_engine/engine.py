@@ -1,0 +1,333 @@
+"""vLLM's v1 ``LLMEngine`` behind the worker loop (``worker.engine_like.EngineLike``).
+
+vLLM runs the model, its scheduler (priority policy) and its prefix cache, in its own
+engine-core process. This side keeps, per request, what tokenq's outputs need: its
+sequence of tokens, its text state (tokenq's detokenizer and stop-string matcher, so that
+text, stop strings and ``stop_sequence`` are the built-in engine's, resumed requests
+included), its deadline; and it turns each step's token deltas into tokenq's outputs.
+Only this module and ``figures`` import vLLM, and only a worker started with
+``--engine vllm`` imports them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from functools import cached_property
+from types import SimpleNamespace
+from typing import Any
+
+from transformers import AutoTokenizer, GenerationConfig
+from vllm import EngineArgs, SamplingParams, TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.llm_engine import LLMEngine
+
+from shared.limits import ModelLimits
+from shared.models import FinishReason
+from shared.refusal import invalid, too_long
+from worker.engine.errors import ModelLoadError
+from worker.engine.outputs import RequestOutput
+from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
+from worker.engine.request import EngineRequest, Sequence
+from worker.engine.runner_support import eos_token_ids
+from worker.engine.token_output import TokenOutputs
+from worker.engine_like import EngineGone
+from worker.vllm_engine.config import VllmEngineConfig
+from worker.vllm_engine.figures import Figures
+from worker.vllm_engine.guard import start_guard
+from worker.vllm_engine.mapping import (
+    FINISH_REASONS,
+    logprob_entry,
+    refuse_unmapped,
+    sampling_kwargs,
+    vllm_priority,
+)
+
+log = logging.getLogger(__name__)
+
+# Requests claimed beyond vLLM's batch, so a more urgent one waits in its scheduler and
+# can preempt (as the built-in engine's look-ahead).
+NUM_LOOKAHEAD = 2
+# A KV cache this full takes no new request (resumed ones still: their clients wait).
+KV_FULL = 0.95
+MAX_WARM = 1024
+
+
+class VllmEngineDied(EngineGone):
+    pass
+
+
+@dataclass
+class Live:
+    """A request in vLLM: its tokens and text state (``seq``), whether vLLM still has it."""
+
+    seq: Sequence
+    in_vllm: bool = True
+
+
+class VllmEngine(TokenizerPrompts):
+    """See the module docs."""
+
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self.figures = Figures()
+        self.guard = start_guard()  # vLLM's processes die with the worker, even by SIGKILL
+        self.llm = _start(config, self.figures)
+        vllm_config = self.llm.vllm_config
+        self.model_config = vllm_config.model_config
+        self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
+        self.config = replace(config, max_num_seqs=self.max_num_seqs)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_config.tokenizer)
+        self.max_model_len: int = self.model_config.max_model_len
+        self.vocab_size: int = self.model_config.get_vocab_size()
+        self.device = vllm_config.device_config.device_type
+        self._kv_tokens = (vllm_config.cache_config.num_gpu_blocks or 0) * (
+            vllm_config.cache_config.block_size
+        )
+        eos = _eos_token_ids(self.model_config.model, self.tokenizer)
+        self.outputs = TokenOutputs(self.tokenizer, eos, self.max_model_len)
+        self._live: dict[str, Live] = {}
+        self._pending_finish: dict[str, FinishReason] = {}
+        self._deadlines: dict[str, float] = {}
+        self._seq_numbers = itertools.count()
+        self._warm: OrderedDict[str, None] = OrderedDict()
+
+    # What the worker registers.
+    @property
+    def embedding_size(self) -> int | None:
+        return None  # generation only (``mapping.refuse_unmapped``)
+
+    @property
+    def kv_cache_budget_bytes(self) -> int:
+        mc = self.model_config
+        parallel = self.llm.vllm_config.parallel_config
+        per_token = 2 * mc.get_num_layers(parallel) * mc.get_num_kv_heads(parallel)
+        return int(self._kv_tokens * per_token * mc.get_head_size() * mc.dtype.itemsize)
+
+    def limits(self, guided: bool) -> ModelLimits:
+        return ModelLimits(
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            embedding_size=None,
+            guided=guided,
+            prompt_scores=False,  # refused at submit (``mapping.refuse_unmapped`` here too)
+            max_bytes_per_token=self._max_bytes_per_token,
+        )
+
+    @cached_property
+    def _max_bytes_per_token(self) -> int:
+        return max_bytes_per_token(self.tokenizer)
+
+    def lora_rank_limit(self) -> int:
+        return 0
+
+    def resident_loras(self) -> list[str]:
+        return []
+
+    def warm_fingerprints(self, limit: int) -> list[str]:
+        """The prefix fingerprints of the prompts it served, newest first: vLLM's prefix
+        cache holds their blocks until newer ones push them out."""
+        return list(itertools.islice(reversed(self._warm), limit))
+
+    # Requests in.
+    def add_request(self, req: EngineRequest) -> None:
+        """Hand ``req`` to vLLM; RequestRefused naming the field when it cannot run."""
+        self._validate(req)
+        seq = Sequence.from_request(req, next(self._seq_numbers))
+        self.outputs.start(seq)
+        self._live[req.request_id] = Live(seq)
+        if req.deadline_unix_s is not None:
+            self._deadlines[req.request_id] = req.deadline_unix_s
+        for fingerprint, _ in req.prefix_cuts:
+            self._warm[fingerprint] = None
+            self._warm.move_to_end(fingerprint)
+        while len(self._warm) > MAX_WARM:
+            self._warm.popitem(last=False)
+        if seq.num_output_tokens >= req.sampling.max_tokens:  # resumed with all it may have
+            self._live[req.request_id].in_vllm = False
+            self._pending_finish[req.request_id] = FinishReason.LENGTH
+            return
+        self._submit(req, seq)
+
+    def _submit(self, req: EngineRequest, seq: Sequence) -> None:
+        prompt = TokensPrompt(prompt_token_ids=list(seq.token_ids))  # prompt and kept tokens
+        if req.cache_salt:
+            prompt["cache_salt"] = req.cache_salt.hex()
+        params = SamplingParams(**sampling_kwargs(req), output_kind=RequestOutputKind.DELTA)
+        try:
+            self.llm.add_request(
+                req.request_id, prompt, params, priority=vllm_priority(req.priority)
+            )
+        except ValueError as e:  # vLLM's own checks: the request's fault
+            self._forget(req.request_id)
+            raise invalid(None, f"vLLM refused the request: {e}") from e
+
+    def _validate(self, req: EngineRequest) -> None:
+        if not req.prompt_token_ids:
+            raise invalid("prompt", "prompt: it has no tokens")
+        if req.request_id in self._live:
+            raise ValueError(f"request {req.request_id} is already in the engine")
+        refuse_unmapped(req)
+        num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
+        if num_needed > self.max_model_len:
+            param = "prompt" if len(req.prompt_token_ids) >= self.max_model_len else "max_tokens"
+            raise too_long(
+                param,
+                f"{param}: {len(req.prompt_token_ids)} prompt tokens and max_tokens "
+                f"{req.sampling.max_tokens} need {num_needed} tokens of context, over the "
+                f"{self.max_model_len} this vLLM worker takes; shorten the prompt or lower "
+                "max_tokens",
+            )
+        for field, ids in (
+            ("logit_bias", req.sampling.logit_bias),
+            ("stop_token_ids", req.sampling.stop_token_ids),
+        ):
+            too_big = [t for t in ids if t >= self.vocab_size]
+            if too_big:
+                raise invalid(
+                    field,
+                    f"{field}: token id {too_big[0]} is not in this model's vocabulary of "
+                    f"{self.vocab_size} tokens (ids 0..{self.vocab_size - 1})",
+                )
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        """Finish ``request_id`` at the next step with ``reason`` and no more tokens."""
+        if request_id in self._live:
+            self._pending_finish.setdefault(request_id, reason)
+
+    # Steps.
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._live)
+
+    def num_free_slots(self, resumed: bool = False) -> int:
+        """How many more requests to claim: what vLLM's batch has room for, plus a small
+        look-ahead; no new one while its KV cache is nearly full or more than the
+        look-ahead already wait in its scheduler (its latest figures)."""
+        room = max(0, self.max_num_seqs + NUM_LOOKAHEAD - len(self._live))
+        if resumed:
+            return room
+        figures = self.figures
+        if figures.kv_cache_usage >= KV_FULL or figures.num_waiting > NUM_LOOKAHEAD:
+            return 0
+        return room
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._finish_cancelled()
+        if not self.llm.has_unfinished_requests():
+            return outputs
+        try:
+            stepped = self.llm.step()
+        except EngineDeadError as e:
+            raise VllmEngineDied(f"vLLM's engine core died: {e}") from e
+        for vllm_out in stepped:
+            out = self._output(vllm_out)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _finish_cancelled(self) -> list[RequestOutput]:
+        now = time.time()
+        for request_id, deadline in list(self._deadlines.items()):
+            if request_id not in self._live:
+                del self._deadlines[request_id]
+            elif deadline <= now:
+                self._pending_finish.setdefault(request_id, FinishReason.TIMEOUT)
+        ended = [(rid, reason) for rid, reason in self._pending_finish.items()]
+        self._pending_finish.clear()
+        return [self._end(rid, reason) for rid, reason in ended if rid in self._live]
+
+    def _end(self, request_id: str, reason: FinishReason) -> RequestOutput:
+        """End a request with no more tokens (vLLM lets go of it too)."""
+        seq = self._forget(request_id)
+        return RequestOutput(
+            request_id,
+            seq.num_output_tokens,
+            [],
+            "",
+            reason,
+            None,
+            seq.num_prompt_tokens,
+            seq.num_output_tokens,
+        )
+
+    def _forget(self, request_id: str) -> Sequence:
+        live = self._live.pop(request_id)
+        self._deadlines.pop(request_id, None)
+        self.outputs.end(request_id)
+        if live.in_vllm:
+            self.llm.abort_request([request_id])
+        return live.seq
+
+    def _output(self, vllm_out: Any) -> RequestOutput | None:
+        """vLLM's delta for one request as tokenq's output: each new token through
+        tokenq's finish checks and text state (the first that ends it ends it)."""
+        live = self._live.get(vllm_out.request_id)
+        if live is None:  # ended on this side meanwhile
+            return None
+        completion = vllm_out.outputs[0]
+        seq, num_top = live.seq, live.seq.sampling.logprobs or 0
+        merged: RequestOutput | None = None
+        for at, token_id in enumerate(completion.token_ids):
+            seq.token_ids.append(token_id)
+            entry = None
+            if completion.logprobs is not None:
+                entry = logprob_entry(token_id, completion.logprobs[at], num_top)
+            out = self.outputs.output(seq, entry)
+            merged = out if merged is None else _merged(merged, out)
+            if out.finish_reason is not None:
+                break
+        if vllm_out.finished:
+            live.in_vllm = False
+        if merged is not None and merged.finish_reason is not None:
+            return self._ended(vllm_out, merged)
+        if vllm_out.finished:  # vLLM ended it for a reason tokenq's checks did not see
+            reason = FINISH_REASONS.get(completion.finish_reason or "", FinishReason.ERROR)
+            end = self._end(vllm_out.request_id, reason)
+            return end if merged is None else _merged(merged, end)
+        return merged
+
+    def _ended(self, vllm_out: Any, out: RequestOutput) -> RequestOutput:
+        self._forget(vllm_out.request_id)
+        out.num_prefix_queried_tokens = len(vllm_out.prompt_token_ids or ())
+        out.num_prefix_hit_tokens = vllm_out.num_cached_tokens or 0
+        return out
+
+    def stats(self) -> dict[str, float]:
+        """vLLM's figures for the worker's metrics and registry entry."""
+        return self.figures.stats()
+
+
+def _start(config: VllmEngineConfig, figures: Figures) -> Any:
+    """vLLM's engine; ModelLoadError (one line: what vLLM said) when it will not start."""
+    try:
+        args = EngineArgs(model=config.model, **config.engine_args)
+        return LLMEngine.from_engine_args(args, stat_loggers=[figures.factory])
+    except (ValueError, TypeError, RuntimeError) as e:  # its config checks, a bad value
+        said = " ".join(str(e).split())
+        raise ModelLoadError(f"vLLM could not start {config.model}: {said}") from e
+
+
+def _eos_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a request, as the built-in engine reads them (and vLLM does):
+    the generation config's, else the tokenizer's."""
+    try:
+        generation_config = GenerationConfig.from_pretrained(model)
+    except OSError:  # none: the tokenizer's
+        generation_config = None
+    return eos_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
+
+
+def _merged(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """One output for several tokens of one step (vLLM's speculative steps give more)."""
+    first.new_token_ids = [*first.new_token_ids, *then.new_token_ids]
+    first.text += then.text
+    if then.logprobs is not None:
+        first.logprobs = [*(first.logprobs or []), *then.logprobs]
+    first.finish_reason = then.finish_reason
+    first.num_output_tokens = then.num_output_tokens
+    first.stop_sequence = then.stop_sequence
+    first.error = then.error
+    return first

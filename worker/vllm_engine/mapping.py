@@ -1,0 +1,96 @@
+"""A tokenq request as vLLM's, and vLLM's logprobs as tokenq's: plain data, no vLLM import.
+
+What maps: the token budget (``max_tokens`` / ``min_tokens``, less the tokens a resumed
+request keeps), temperature, top_p, top_k, min_p, the penalties, ``logit_bias``,
+``seed``, stop token ids, ``ignore_eos`` and ``logprobs``; priority with its sign turned
+(vLLM runs the lowest value first, tokenq the highest). Stop strings are matched on
+tokenq's side over vLLM's tokens (``worker.engine.token_output``), so that a request
+resumed on another worker matches across what it kept, and ends with the same text and
+``stop_sequence`` on either engine. What does not map is refused by name
+(:func:`refuse_unmapped`), never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from shared.models import GUIDES, FinishReason
+from shared.refusal import invalid
+from worker.engine.request import EngineRequest
+
+# vLLM's finish reasons (``CompletionOutput.finish_reason``) as tokenq's.
+FINISH_REASONS = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED,
+    "error": FinishReason.ERROR,
+}
+
+
+class Logprob(Protocol):
+    """vLLM's ``Logprob``, as read here."""
+
+    @property
+    def logprob(self) -> float: ...
+    @property
+    def rank(self) -> int | None: ...
+
+
+def refuse_unmapped(req: EngineRequest) -> None:
+    """RequestRefused naming the first feature of ``req`` this engine does not serve."""
+    sampling = req.sampling
+    if req.embed:
+        raise invalid("task", "task: the vLLM engine serves generation only, not embeddings")
+    if req.lora is not None:
+        raise invalid("lora", "lora: the vLLM engine does not serve LoRA adapters yet")
+    if sampling.prompt_logprobs is not None:
+        raise invalid(
+            "prompt_logprobs",
+            "prompt_logprobs: the vLLM engine does not score prompts yet (nor echo, nor "
+            "max_tokens 0); ask a built-in worker",
+        )
+    for name in GUIDES:
+        if getattr(sampling, name) is not None:
+            raise invalid(name, f"{name}: the vLLM engine does not serve structured outputs yet")
+
+
+def sampling_kwargs(req: EngineRequest) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` keyword arguments for ``req`` (it has passed
+    :func:`refuse_unmapped`); a resumed request's budget counts what it kept."""
+    s = req.sampling
+    num_kept = len(req.output_token_ids)
+    return {
+        "max_tokens": s.max_tokens - num_kept,
+        "min_tokens": max(0, s.min_tokens - num_kept),
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "logit_bias": {int(k): v for k, v in s.logit_bias.items()} or None,
+        "seed": s.seed,
+        "stop_token_ids": list(s.stop_token_ids),
+        "ignore_eos": s.ignore_eos,
+        "logprobs": s.logprobs,
+        "detokenize": False,  # tokenq's own detokenizer and stop strings (module docs)
+    }
+
+
+def vllm_priority(priority: int) -> int:
+    """tokenq's priority as vLLM's: vLLM schedules (and keeps from preemption) the
+    lowest value first, tokenq the highest."""
+    return -priority
+
+
+def logprob_entry(token_id: int, entry: Mapping[int, Logprob], num_top: int) -> dict[str, Any]:
+    """One token's vLLM logprobs as tokenq's entry: the chosen token's logprob and its
+    ``num_top`` best alternatives in rank order (named later, as the built-in's are)."""
+    ranked = sorted(
+        ((lp.rank, tid, lp.logprob) for tid, lp in entry.items() if lp.rank is not None),
+        key=lambda item: item[0],
+    )
+    top = [{"token_id": tid, "logprob": value} for _, tid, value in ranked[:num_top]]
+    return {"token_id": token_id, "logprob": entry[token_id].logprob, "top": top}
