@@ -30,24 +30,6 @@ COMPOSE_FILE = ROOT / "docker-compose.vllm.yml"
 DOCKERFILE = ROOT / "deploy" / "worker-vllm.Dockerfile"
 GPU = "nvidia.com/gpu"
 
-# The vLLM engine's flags (issue 46), named here until its CLI lands on this branch; the
-# flags `tokenq worker` already has are read from the command itself. Once
-# `tokenq worker --help` lists these, this set adds nothing and can go.
-VLLM_VALUE_FLAGS = {
-    "--engine",
-    "--tensor-parallel-size",
-    "--pipeline-parallel-size",
-    "--quantization",
-    "--speculative-config",
-    "--max-model-len",
-    "--gpu-memory-utilization",
-    "--dtype",
-    "--max-num-seqs",
-    "--vllm-arg",
-    "--vllm-config",
-}
-VLLM_SWITCHES = {"--enforce-eager"}
-
 
 @dataclass(frozen=True)
 class WorkerArgs:
@@ -73,7 +55,8 @@ def _worker_options() -> tuple[set[str], set[str]]:
     """The options `tokenq worker` takes a value for, and its switches."""
     group = typer.main.get_command(app)
     command = group.get_command(click.Context(group), "worker")  # type: ignore[arg-type,attr-defined]
-    values, switches = set(VLLM_VALUE_FLAGS), set(VLLM_SWITCHES)
+    values: set[str] = set()
+    switches: set[str] = set()
     for param in command.params:
         names = {*param.opts, *param.secondary_opts}
         (switches if getattr(param, "is_flag", False) else values).update(names)
