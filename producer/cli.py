@@ -105,6 +105,16 @@ def worker(
         ),
     ] = False,
     quantization: QuantizationOpt = None,
+    speculative_config: Annotated[
+        str | None,
+        typer.Option(
+            help="speculative decoding in the built-in engine, as vLLM's JSON: "
+            '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+            '"prompt_lookup_min": 2}\' (n-gram prompt lookup verified in one forward; greedy '
+            "output unchanged; off above disable_by_batch_size sequences, default 4); "
+            "default: off"
+        ),
+    ] = None,
     log_level: str = "INFO",
 ) -> None:
     """Run a worker that claims requests for MODEL and streams results back."""
@@ -135,6 +145,7 @@ def worker(
         grammar_compile_timeout_s=grammar_compile_timeout_s,
         engine_process=engine_process,
         quantization=quantization,
+        speculative_config=speculative_config,
     )
     try:
         config = engine_config(opts)

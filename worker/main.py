@@ -10,7 +10,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from shared.version import VERSION
 from worker.chat_template import chat_features
 from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
+from worker.engine.speculative.config import SpeculativeConfig
 from worker.engine_process import EngineProcess
 from worker.heartbeat import Heartbeat, LoadingBeat
 from worker.lease_keeper import LeaseKeeper
@@ -64,6 +65,16 @@ class WorkerOptions:
     grammar_compile_timeout_s: float = 10.0
     engine_process: bool = False  # the engine in a child process (worker/engine_process.py)
     quantization: str | None = None
+    speculative_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "speculative decoding in the built-in engine, as vLLM's JSON: "
+            '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+            '"prompt_lookup_min": 2, "disable_by_batch_size": 4}\' (n-gram prompt lookup, '
+            "verified in one forward; greedy output unchanged; steps run synchronously); "
+            "default: off"
+        },
+    )
 
 
 def new_worker_id() -> str:
@@ -93,6 +104,11 @@ def engine_config(opts: WorkerOptions) -> EngineConfig | SimConfig:
         grammar_compile_threads=opts.grammar_compile_threads,
         grammar_compile_timeout_s=opts.grammar_compile_timeout_s,
         quantization=opts.quantization,
+        speculative_config=(
+            None
+            if opts.speculative_config is None
+            else SpeculativeConfig.from_json(opts.speculative_config)
+        ),
     )
     if opts.max_num_seqs is not None:
         config = replace(config, max_num_seqs=opts.max_num_seqs)  # validated again

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence as Seq
 from functools import cached_property
 from typing import Any
 
@@ -32,6 +33,7 @@ from worker.engine.runner_support import device_broken
 from worker.engine.schedule_events import ScheduleEvents
 from worker.engine.scheduler import Scheduler
 from worker.engine.self_check import self_check
+from worker.engine.speculative.speculator import Speculator, speculator_for
 from worker.engine.state_slots import CacheSizes, split_budget
 from worker.engine.token_output import TokenOutputs
 from worker.model_store import resolve_model
@@ -89,6 +91,9 @@ class Engine(TokenizerPrompts):
         self.schedule_events: ScheduleEvents | None = None  # set while the worker traces
         self.num_steps = 0  # steps the runner ran (launched, when asynchronous)
         self.num_host_waits = 0  # times the host waited for a step's tokens
+        self.speculator: Speculator | None = speculator_for(
+            config, self.runner, self.kv_cache, self.max_model_len
+        )
 
     def _prefix_caching(self) -> bool:
         if self.config.enable_prefix_caching and self.runner.rope_lens is not None:
@@ -199,13 +204,20 @@ class Engine(TokenizerPrompts):
         if not sched_out.scheduled:
             return outputs
         try:
-            runner_out = self.runner.execute(sched_out)
+            runner_out = self._execute(sched_out)
             self.num_steps += 1
             self.num_host_waits += 1
             self.scheduler.update_from_output(sched_out, runner_out)
         except Exception as e:  # pinned on no one request: the step's requests end
             return outputs + self._step_failed(sched_out, e)
         return outputs + self._postprocess(sched_out, runner_out)
+
+    def _execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+        """A synchronous step's tokens: through the speculator when it is on (a row's
+        kept drafts join its sequence; ``RunnerOutput.accepted``)."""
+        if self.speculator is not None:
+            return self.speculator.execute(sched_out)
+        return self.runner.execute(sched_out)
 
     def _step_async(self) -> list[RequestOutput]:
         """Launch the next step, then read the one in flight (see the module docs)."""
@@ -285,6 +297,7 @@ class Engine(TokenizerPrompts):
             "preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": self.kv_cache.num_queried_tokens,
             "prefix_cache_hits": self.kv_cache.num_hit_tokens,
+            **({} if self.speculator is None else self.speculator.stats.figures()),
         }
 
     def generate(self, requests: list[EngineRequest]) -> dict[str, list[RequestOutput]]:
@@ -429,11 +442,28 @@ class Engine(TokenizerPrompts):
             zip(sched_out.sampled, runner_out.logprobs, strict=True)
         ):
             error = runner_out.errors.get(at)
-            outputs.append(self._token_output(item.seq, logprobs, error))
+            kept = runner_out.accepted.get(at, ())
+            outputs += self._kept_draft_outputs(item.seq, kept) if error is None else []
+            if item.seq.status is not SeqStatus.FINISHED:
+                outputs.append(self._token_output(item.seq, logprobs, error))
         for item, partial in zip(sched_out.pooled, runner_out.pooled, strict=True):
             self.pooler.add(item.seq.request_id, partial)
             if item.completes_prompt:
                 outputs.append(self._embedding_output(item))
+        return outputs
+
+    def _kept_draft_outputs(
+        self, seq: Sequence, kept: Seq[dict[str, Any] | None]
+    ) -> list[RequestOutput]:
+        """The outputs of the draft tokens a speculative step kept, in order before its
+        sampled token; the first that ends ``seq`` is its last."""
+        outputs = []
+        first = len(seq.token_ids) - 1 - len(kept)
+        for offset, logprobs in enumerate(kept):
+            out = self._token_output(seq, logprobs, None, first + offset)
+            outputs.append(out)
+            if out.finished:
+                break
         return outputs
 
     def _embedding_output(self, item: ScheduledSeq) -> RequestOutput:
