@@ -51,3 +51,17 @@ def test_quantization_reaches_the_engine_config_and_a_wrong_one_is_refused_by_na
     for command in ("worker", "up"):
         shown = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
         assert "--quantization" in shown.output
+
+
+def test_speculative_config_reaches_the_engine_config_and_a_wrong_one_is_refused() -> None:
+    json = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    config = engine_config(WorkerOptions("org/model", speculative_config=json))
+    assert isinstance(config, EngineConfig) and config.speculative_config is not None
+    assert config.speculative_config.num_speculative_tokens == 3
+    assert config.for_device("cuda").async_scheduling is False  # verified step by step
+    result = CliRunner().invoke(
+        app, ["worker", "--model", "org/model", "--speculative-config", '{"method": "eagle"}']
+    )
+    assert result.exit_code == 2 and "method 'eagle' is not served" in result.output
+    shown = CliRunner().invoke(app, ["worker", "--help"], terminal_width=200)
+    assert "--speculative-config" in shown.output
