@@ -32,7 +32,7 @@ def test_the_config_reads_vllms_json_and_refuses_what_it_does_not_know() -> None
         ' "prompt_lookup_min": 1}'
     )
     assert (config.num_speculative_tokens, config.prompt_lookup_max) == (3, 5)
-    with pytest.raises(ValueError, match="unknown key.*draft_tensor_parallel_size"):
+    with pytest.raises(ValueError, match=r"unknown key.*draft_tensor_parallel_size"):
         SpeculativeConfig.from_json('{"draft_tensor_parallel_size": 1}')
     with pytest.raises(ValueError, match="method 'eagle' is not served"):
         SpeculativeConfig.from_json('{"method": "eagle"}')
