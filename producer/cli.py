@@ -110,8 +110,9 @@ def worker(
         typer.Option(
             help="speculative decoding in the built-in engine, as vLLM's JSON: "
             '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-            '"prompt_lookup_min": 2}\' (n-gram prompt lookup verified in one forward; greedy '
-            "output unchanged; off above disable_by_batch_size sequences, default 4); "
+            '"prompt_lookup_min": 2}\' (n-gram prompt lookup; or \'{"model": PATH}\' for a draft '
+            "model sharing the tokenizer), verified in one forward; greedy output unchanged; "
+            "off above disable_by_batch_size sequences, default 4; "
             "default: off"
         ),
     ] = None,

@@ -70,8 +70,9 @@ class WorkerOptions:
         metadata={
             "help": "speculative decoding in the built-in engine, as vLLM's JSON: "
             '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-            '"prompt_lookup_min": 2, "disable_by_batch_size": 4}\' (n-gram prompt lookup, '
-            "verified in one forward; greedy output unchanged; steps run synchronously); "
+            '"prompt_lookup_min": 2, "disable_by_batch_size": 4}\' (n-gram prompt lookup; or '
+            "'{\"model\": PATH}' for a draft model sharing the tokenizer), verified in one "
+            "forward; greedy output unchanged; steps run synchronously; "
             "default: off"
         },
     )

@@ -1,5 +1,8 @@
 """The operator's ``--speculative-config``: vLLM's JSON shape, checked once at start-up.
 
+``{"model": PATH, "num_speculative_tokens": 4}`` (method ``draft_model``) proposes with
+a small model that shares the target's tokenizer, greedily, one forward a token.
+
 ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 "prompt_lookup_min": 2}`` proposes, for each sequence, up to ``num_speculative_tokens``
 tokens that followed the latest earlier occurrence of its last ``prompt_lookup_max``
@@ -16,7 +19,7 @@ from typing import Any
 
 import orjson
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 
 # Above this many sequences in a step, a decode step on the CPU is no longer bound by
 # reading the weights, and verifying drafts costs more than it saves (bench/speculative.py
@@ -31,12 +34,19 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    # method "draft_model": the draft model's name or path (its tokenizer the target's).
+    model: str | None = None
 
     def __post_init__(self) -> None:
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError(
+                "speculative_config: a draft model is named by model, with method "
+                f"draft_model (got method {self.method!r}, model {self.model!r})"
+            )
         if self.method not in METHODS:
             raise ValueError(
                 f"speculative_config: method {self.method!r} is not served by the built-in "
-                f"engine; use one of {', '.join(METHODS)} (a draft model is not built yet)"
+                f"engine; use one of {', '.join(METHODS)}"
             )
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(self, name)
@@ -65,6 +75,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config: not valid JSON ({e}): {text!r}") from e
         if not isinstance(raw, dict):
             raise ValueError(f"speculative_config: must be a JSON object, got {text!r}")
+        if "model" in raw and "method" not in raw:  # as vLLM infers it
+            raw["method"] = "draft_model"
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+from worker.engine.request import Sequence
+
 
 class NgramProposer:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n
         self.max_n = max_n
+
+    def propose_many(self, wanted: dict[int, tuple[Sequence, int]]) -> dict[int, list[int]]:
+        """Up to ``limit`` tokens for each ``(seq, limit)`` of ``wanted``, by its key."""
+        return {at: self.propose(seq.token_ids, limit) for at, (seq, limit) in wanted.items()}
+
+    def release_gone(self) -> None:
+        """Nothing to release: proposals are read from the sequence's own tokens."""
 
     def propose(self, token_ids: Seq[int], max_num_tokens: int) -> list[int]:
         """Up to ``max_num_tokens`` tokens after the latest earlier match of the longest

@@ -19,21 +19,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence as Seq
+from dataclasses import replace
+from typing import Protocol
 
 from worker.engine.config import EngineConfig
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.request import Sequence
 from worker.engine.sampler import GREEDY, SamplingRow, sampling_row
 from worker.engine.speculative.config import SpeculativeConfig
+from worker.engine.speculative.draft_model import DraftModelProposer
 from worker.engine.speculative.drafts import Draft, attach, max_draft_len, settle
 from worker.engine.speculative.grammar_check import check_drafts
 from worker.engine.speculative.ngram import NgramProposer
 from worker.engine.speculative.rejection import num_accepted
 from worker.engine.speculative.stats import SpecStats
 from worker.engine.step_inputs import StepInputs
+from worker.model_store import resolve_model
 
 log = logging.getLogger(__name__)
+
+
+class Proposer(Protocol):
+    """Where drafts come from: n-gram lookup, or a draft model."""
+
+    def propose_many(self, wanted: dict[int, tuple[Sequence, int]]) -> dict[int, list[int]]:
+        """Up to ``limit`` tokens for each ``(seq, limit)`` of ``wanted``, by its key."""
+        ...
+
+    def release_gone(self) -> None:
+        """Let go of what is held for sequences no longer running."""
+        ...
 
 
 class Speculator:
@@ -44,13 +61,16 @@ class Speculator:
         kv_cache: KVCacheManager,
         max_model_len: int,
         max_num_batched_tokens: int,
+        proposer: Proposer | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.proposer: Proposer = proposer or NgramProposer(
+            config.prompt_lookup_min, config.prompt_lookup_max
+        )
         self.stats = SpecStats()
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -69,32 +89,38 @@ class Speculator:
 
     def _draft(self, out: SchedulerOutput) -> dict[int, Draft]:
         """Drafts attached to the step's sampling rows, by index among them."""
+        self.proposer.release_gone()
         sampled = out.sampled
         if not sampled or len(sampled) > self.config.disable_by_batch_size:
             return {}
-        budget = self.max_num_batched_tokens - out.num_batched_tokens
-        if self.runner.graphs is not None:  # a captured graph samples at most a row each
-            budget = min(budget, self.runner.max_num_rows - len(sampled))
+        limits = self._limits(out)
+        proposals = self.proposer.propose_many(
+            {at: (sampled[at].seq, limit) for at, limit in limits.items()}
+        )
         drafts: dict[int, Draft] = {}
-        for at, item in enumerate(sampled):
-            if budget <= 0:
-                break
-            draft = self._propose(item, budget)
-            if draft is not None and attach(self.kv_cache, draft):
-                budget -= len(draft.token_ids)
+        for at, token_ids in proposals.items():
+            draft = Draft(sampled[at], token_ids[: limits[at]])
+            grammar = draft.item.seq.request.grammar
+            if draft.token_ids and grammar is not None:
+                check_drafts(draft, grammar, self.runner.vocab_size)
+            if draft.token_ids and attach(self.kv_cache, draft):
                 drafts[at] = draft
         return drafts
 
-    def _propose(self, item: ScheduledSeq, budget: int) -> Draft | None:
-        if not _may_draft(item):
-            return None
+    def _limits(self, out: SchedulerOutput) -> dict[int, int]:
+        """The most drafts each sampling row may carry, within the step's token budget
+        (rows first come first)."""
+        budget = self.max_num_batched_tokens - out.num_batched_tokens
+        if self.runner.graphs is not None:  # a captured graph samples at most a row each
+            budget = min(budget, self.runner.max_num_rows - len(out.sampled))
+        limits = {}
         num_speculative = self.config.num_speculative_tokens
-        limit = min(budget, max_draft_len(item, num_speculative, self.max_model_len))
-        draft = Draft(item, self.proposer.propose(item.seq.token_ids, limit))
-        grammar = item.seq.request.grammar
-        if draft.token_ids and grammar is not None:
-            check_drafts(draft, grammar, self.runner.vocab_size)
-        return draft if draft.token_ids else None
+        for at, item in enumerate(out.sampled):
+            limit = min(budget, max_draft_len(item, num_speculative, self.max_model_len))
+            if limit > 0 and _may_draft(item):
+                limits[at] = limit
+                budget -= limit
+        return limits
 
     def _verify(self, out: SchedulerOutput, drafts: dict[int, Draft]) -> RunnerOutput:
         sampled = out.sampled
@@ -211,4 +237,27 @@ def speculator_for(
     if reason is not None:
         log.warning("speculative decoding off: %s", reason)
         return None
-    return Speculator(spec, runner, kv_cache, max_model_len, config.num_batched_tokens)
+    proposer = None if spec.model is None else draft_model_proposer(config, runner, kv_cache)
+    return Speculator(spec, runner, kv_cache, max_model_len, config.num_batched_tokens, proposer)
+
+
+def draft_model_proposer(
+    config: EngineConfig, runner: ModelRunner, kv_cache: KVCacheManager
+) -> DraftModelProposer:
+    """The draft model loaded beside the target, with a KV pool of as many blocks; a
+    model with another vocabulary is refused (its ids would mean other tokens)."""
+    spec = config.speculative_config
+    assert spec is not None and spec.model is not None
+    draft_config = replace(
+        config, model=spec.model, speculative_config=None, max_loras=0, quantization=None
+    )
+    draft = ModelRunner(draft_config, resolve_model(spec.model))
+    same_tokens = draft.tokenizer.get_vocab() == runner.tokenizer.get_vocab()
+    if not same_tokens or draft.vocab_size != runner.vocab_size:
+        raise ValueError(
+            f"speculative_config: draft model {spec.model} does not share the target "
+            f"model's tokenizer and vocabulary ({draft.vocab_size} ids against "
+            f"{runner.vocab_size}); name a draft model of the same family"
+        )
+    draft.allocate_kv_cache(kv_cache.num_blocks)
+    return DraftModelProposer(draft, kv_cache.num_blocks, kv_cache.block_size)
