@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
+
 from shared.models import SamplingParams
 from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.engine.speculative.config import SpeculativeConfig
@@ -88,14 +90,15 @@ def main() -> None:
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--workload", default="grounded12.jsonl")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="0: torch's default")
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--prompt-lookup-max", type=int, default=4)
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--batch-sizes", default="", help="e.g. 1,2,4,8 (off by default)")
+    parser.add_argument("--no-one-stream", action="store_true", help="batch sizes only")
     args = parser.parse_args()
     model = str(resolve_model(args.model))
-    config = EngineConfig(model=model, num_threads=args.threads, kv_cache_mib=128)
+    config = EngineConfig(model=model, num_threads=args.threads or None, kv_cache_mib=256)
     speculative = SpeculativeConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         prompt_lookup_max=args.prompt_lookup_max,
@@ -104,8 +107,9 @@ def main() -> None:
     )
     plain, spec = Engine(config), Engine(replace(config, speculative_config=speculative))
     workload = load(args.workload, plain)
-    print(f"{len(workload)} requests, one stream, {args.threads} thread(s), {speculative}")
-    one_stream(plain, spec, workload, args.rounds)
+    print(f"{len(workload)} requests, {torch.get_num_threads()} thread(s), {speculative}")
+    if not args.no_one_stream:
+        one_stream(plain, spec, workload, args.rounds)
     if args.batch_sizes:
         batches(plain, spec, workload, [int(b) for b in args.batch_sizes.split(",")], args.rounds)
 

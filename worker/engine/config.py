@@ -62,8 +62,9 @@ class EngineConfig:
     a device-like forward on the CPU, for benchmarks and tests of the host's share of
     a step.
 
-    ``speculative_config`` turns on speculative decoding (n-gram proposals verified in
-    one forward; ``worker.engine.speculative``); it runs steps synchronously.
+    ``speculative_config`` turns on speculative decoding (n-gram or draft-model
+    proposals verified in one forward; ``worker.engine.speculative``); it runs steps
+    synchronously.
 
     ``quantization="int8"`` keeps the projections of a described family's layers in
     8 bits with a scale per output channel, quantized at load on the CPU
