@@ -8,8 +8,8 @@ a small model that shares the target's tokenizer, greedily, one forward a token.
 tokens that followed the latest earlier occurrence of its last ``prompt_lookup_max``
 (down to ``prompt_lookup_min``) tokens in its own prompt and output. Speculation stays
 off for a step of more than ``disable_by_batch_size`` sequences, where the batch already
-keeps the device busy (vLLM's key of the same name; the default is measured:
-``bench/speculative.py``).
+keeps the device busy (vLLM's key of the same name; ``bench/speculative.py
+--batch-sizes`` measures where it stops paying).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import orjson
 
 METHODS = ("ngram", "draft_model")
 
-# Above this many sequences in a step, a decode step on the CPU is no longer bound by
-# reading the weights, and verifying drafts costs more than it saves (bench/speculative.py
-# --batch-sizes measures where).
+# Above this many sampling rows in a step, no row is drafted: a batch's step is no
+# longer bound by reading the weights, and verifying drafts gains less. A conservative
+# bound until measured on a quiet machine with torch's default threads
+# (bench/speculative.py --batch-sizes; docs/benchmarks.md has what was measured).
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
 
 
