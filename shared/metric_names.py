@@ -18,6 +18,12 @@ PREFIX_CACHE_QUERIES = "tokenq:prefix_cache_queries"  # prompt tokens looked up 
 PREFIX_CACHE_HITS = "tokenq:prefix_cache_hits"  # of those, tokens found cached
 # Requests a claim took for a prefix the worker holds warm, ahead of queue order.
 AFFINITY_CLAIMS = "tokenq:affinity_claims"
+# Speculative decoding: rows verified with drafts, draft tokens proposed, and kept.
+SPEC_DECODE_NUM_DRAFTS = "tokenq:spec_decode_num_drafts"
+SPEC_DECODE_NUM_DRAFT_TOKENS = "tokenq:spec_decode_num_draft_tokens"
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = "tokenq:spec_decode_num_accepted_tokens"
+SPEC_DECODE_ACCEPTANCE_RATE = "tokenq:spec_decode_acceptance_rate"  # since start, 0..1
+SPEC_DECODE_TOKENS_PER_STEP = "tokenq:spec_decode_tokens_per_step"  # per verified row
 # Per tenant (at most MAX_TENANT_LABELS tenants by name, the rest as 'other').
 TENANT_PROMPT_TOKENS = "tokenq:tenant_prompt_tokens"
 TENANT_GENERATION_TOKENS = "tokenq:tenant_generation_tokens"

@@ -134,6 +134,11 @@ class SamplingParams(_Strict):
     logit_bias: dict[TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]] = Field(
         default_factory=dict, max_length=MAX_LOGIT_BIAS_ITEMS
     )
+    speculative: bool = Field(
+        True,
+        description="tokenq: false keeps this request out of the worker's speculative "
+        "decoding (--speculative-config); its output is the same either way",
+    )
     guided_json: dict[str, Any] | None = Field(
         None, description="a JSON schema the output must fit ({} or {'type': 'object'}: any)"
     )
@@ -223,6 +228,7 @@ OPENAI_PASSTHROUGH_SAMPLING = (
     "guided_json",
     "guided_regex",
     "prompt_logprobs",
+    "speculative",
 )
 
 

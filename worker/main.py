@@ -15,6 +15,8 @@ from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from shared import tracing
 from shared.chat import REGISTRY_FIELD as CHAT_FIELD
 from shared.connection import UNREACHABLE, connect, wait_for_redis
@@ -25,6 +27,7 @@ from shared.version import VERSION
 from worker.chat_template import chat_features
 from worker.engine.config import EngineConfig
 from worker.engine.errors import ModelLoadError
+from worker.engine.speculative.config import SpeculativeConfig
 from worker.engine_process import EngineProcess
 from worker.flags import Flags
 from worker.heartbeat import Heartbeat, LoadingBeat
@@ -66,7 +69,7 @@ def engine_config(model: str, flags: Flags) -> EngineConfig | SimConfig | VllmEn
         sim = SimConfig.parse(model)
         lora = flags.options_of(EngineConfig)
         return replace(sim, max_loras=lora["max_loras"], max_lora_rank=lora["max_lora_rank"])
-    return flags.of(EngineConfig, model=model)
+    return flags.of(EngineConfig, model=model, speculative_config=_speculative(flags))
 
 
 ENGINES = ("builtin", "vllm")
@@ -82,10 +85,24 @@ VLLM_SHARED = (
 
 
 def _vllm_shared(flags: Flags) -> dict[str, Any]:
-    """Those of ``VLLM_SHARED`` given (not at their defaults)."""
+    """Those of ``VLLM_SHARED`` given (not at their defaults), and the speculative
+    config (vLLM reads the same JSON)."""
     given = flags.options_of(EngineConfig)
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
-    return {k: given[k] for k in VLLM_SHARED if given[k] != defaults[k]}
+    shared = {k: given[k] for k in VLLM_SHARED if given[k] != defaults[k]}
+    text = flags.values.get("speculative_config")
+    if text is not None:
+        try:
+            shared["speculative_config"] = orjson.loads(text)
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config: not valid JSON ({e}): {text!r}") from e
+    return shared
+
+
+def _speculative(flags: Flags) -> SpeculativeConfig | None:
+    """The built-in engine's speculative decoding, from ``--speculative-config``."""
+    text = flags.values.get("speculative_config")
+    return None if text is None else SpeculativeConfig.from_json(text)
 
 
 def build_engine(

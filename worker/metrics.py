@@ -78,6 +78,27 @@ class WorkerMetrics:
             buckets=ITL_BUCKETS,
             registry=r,
         )
+        self.spec_drafts = Counter(
+            names.SPEC_DECODE_NUM_DRAFTS, "Rows verified with draft tokens", by_model, registry=r
+        )
+        self.spec_draft_tokens = Counter(
+            names.SPEC_DECODE_NUM_DRAFT_TOKENS, "Draft tokens proposed", by_model, registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            names.SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Draft tokens kept", by_model, registry=r
+        )
+        self.spec_acceptance = Gauge(
+            names.SPEC_DECODE_ACCEPTANCE_RATE,
+            "Share of draft tokens kept since start, 0..1",
+            by_model,
+            registry=r,
+        )
+        self.spec_tokens_per_step = Gauge(
+            names.SPEC_DECODE_TOKENS_PER_STEP,
+            "Tokens a verified row yields per step (kept drafts + 1)",
+            by_model,
+            registry=r,
+        )
         self.tenants = TenantCounters(model, r)
         self._seen: dict[str, int] = {}
 
@@ -133,6 +154,18 @@ class WorkerMetrics:
             (self.prefix_hits, "prefix_cache_hits"),
         ):
             self._advance(counter, name, int(stats.get(name, 0)))
+        if "spec_decode_num_drafts" in stats:  # the engine speculates
+            self._on_spec_stats(stats)
+
+    def _on_spec_stats(self, stats: dict[str, float]) -> None:
+        for counter, name in (
+            (self.spec_drafts, "spec_decode_num_drafts"),
+            (self.spec_draft_tokens, "spec_decode_num_draft_tokens"),
+            (self.spec_accepted_tokens, "spec_decode_num_accepted_tokens"),
+        ):
+            self._advance(counter, name, int(stats[name]))
+        self.spec_acceptance.labels(self.model).set(stats["spec_decode_acceptance_rate"])
+        self.spec_tokens_per_step.labels(self.model).set(stats["spec_decode_tokens_per_step"])
 
     def _advance(self, counter: Counter, name: str, total: int) -> None:
         """Counters follow the engine's running totals."""

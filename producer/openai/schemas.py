@@ -2,8 +2,8 @@
 
 tokenq's own fields ride along as extra body fields, as vLLM's do: priority,
 deadline, idempotency_key, top_k, min_p, min_tokens, repetition_penalty, ignore_eos,
-stop_token_ids, guided_json, guided_regex, cache_salt. Unknown fields are refused with 400
-naming them, rather than ignored.
+speculative, stop_token_ids, guided_json, guided_regex, cache_salt. Unknown fields are
+refused with 400 naming them, rather than ignored.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ class GenerationBody(QueueFields):
     min_tokens: int | None = _sampled("min_tokens")
     repetition_penalty: float | None = _sampled("repetition_penalty")
     ignore_eos: bool | None = None
+    speculative: bool | None = Field(
+        None, description="tokenq: false keeps this request out of speculative decoding"
+    )
     stop_token_ids: list[int] | None = _sampled("stop_token_ids")
     prompt_logprobs: int | None = _sampled(
         "prompt_logprobs", "vLLM: each prompt token's logprob and this many alternatives"

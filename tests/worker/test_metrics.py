@@ -50,3 +50,21 @@ def test_engine_totals_become_counters_that_only_grow() -> None:
     body = metrics.render().decode()
     assert 'tokenq:prefix_cache_queries_total{model="m"} 180.0' in body
     assert 'tokenq:prefix_cache_hits_total{model="m"} 64.0' in body
+
+
+def test_speculative_decoding_figures_are_exported() -> None:
+    metrics = WorkerMetrics("m")
+    figures = {
+        "spec_decode_num_drafts": 4,
+        "spec_decode_num_draft_tokens": 16,
+        "spec_decode_num_accepted_tokens": 12,
+        "spec_decode_acceptance_rate": 0.75,
+        "spec_decode_tokens_per_step": 4.0,
+    }
+    metrics.on_engine_stats(figures)
+    metrics.on_engine_stats({**figures, "spec_decode_num_drafts": 5})
+    body = metrics.render().decode()
+    assert 'tokenq:spec_decode_num_drafts_total{model="m"} 5.0' in body
+    assert 'tokenq:spec_decode_num_accepted_tokens_total{model="m"} 12.0' in body
+    assert 'tokenq:spec_decode_acceptance_rate{model="m"} 0.75' in body
+    assert 'tokenq:spec_decode_tokens_per_step{model="m"} 4.0' in body

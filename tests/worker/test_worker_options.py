@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from producer.cli import app
 from worker.engine.config import EngineConfig
 from worker.flags import Flags
-from worker.main import engine_config
+from worker.main import _vllm_shared, engine_config
+from worker.options import WorkerOptions
+from worker.vllm_engine.options import VllmOptions
 
 
 def test_model_loading_options_reach_the_engine_config() -> None:
@@ -54,3 +57,27 @@ def test_quantization_reaches_the_engine_config_and_a_wrong_one_is_refused_by_na
     for command in ("worker", "up"):
         shown = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
         assert "--quantization" in shown.output
+
+
+def test_speculative_config_reaches_the_engine_config_and_a_wrong_one_is_refused() -> None:
+    json = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    flags = Flags.defaults(WorkerOptions, EngineConfig, speculative_config=json)
+    config = engine_config("org/model", flags)
+    assert isinstance(config, EngineConfig) and config.speculative_config is not None
+    assert config.speculative_config.num_speculative_tokens == 3
+    assert config.for_device("cuda").async_scheduling is False  # verified step by step
+    result = CliRunner().invoke(
+        app, ["worker", "--model", "org/model", "--speculative-config", '{"method": "eagle"}']
+    )
+    assert result.exit_code == 2 and "method 'eagle' is not served" in result.output
+    shown = CliRunner().invoke(app, ["worker", "--help"], terminal_width=200)
+    assert "--speculative-config" in shown.output
+
+
+def test_speculative_config_reaches_vllm_as_the_same_json() -> None:
+    json = '{"method": "ngram", "num_speculative_tokens": 3}'
+    flags = Flags.defaults(WorkerOptions, EngineConfig, VllmOptions, engine="vllm")
+    shared = _vllm_shared(Flags({**flags.values, "speculative_config": json}))
+    assert shared == {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
+    with pytest.raises(ValueError, match="--speculative-config: not valid JSON"):
+        _vllm_shared(Flags({**flags.values, "speculative_config": "{ngram"}))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from worker.engine.pooling import POOLING_METHODS
+from worker.engine.speculative.config import SpeculativeConfig
 
 # Weight quantizations the built-in engine applies at load (``worker.engine.quantization``).
 QUANTIZATION_METHODS = ("int8",)
@@ -61,6 +62,10 @@ class EngineConfig:
     does not hold the GIL and returns deterministic token ids, everything else real:
     a device-like forward on the CPU, for benchmarks and tests of the host's share of
     a step.
+
+    ``speculative_config`` turns on speculative decoding (n-gram or draft-model
+    proposals verified in one forward; ``worker.engine.speculative``); it runs steps
+    synchronously.
 
     ``quantization="int8"`` keeps the projections of a described family's layers in
     8 bits with a scale per output channel, quantized at load on the CPU
@@ -157,6 +162,9 @@ class EngineConfig:
             "default: the checkpoint's dtype"
         },
     )
+    # Speculative decoding (``worker.engine.speculative``); None: off. Offered on the
+    # command line as ``WorkerOptions.speculative_config`` (JSON, both engines).
+    speculative_config: SpeculativeConfig | None = None
 
     def num_to_claim(self, max_num_seqs: int, num_held: int) -> int:
         """How many new requests to claim beside the ``num_held`` the engine holds
@@ -210,6 +218,11 @@ class EngineConfig:
                 f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or None, "
                 f"got {self.quantization!r}"
             )
+        if self.speculative_config is not None and self.async_scheduling:
+            raise ValueError(
+                "speculative_config needs synchronous steps (a step's drafts are verified "
+                "before the next is scheduled): leave async_scheduling unset or off"
+            )
         if not self.aging_interval_s > 0:
             raise ValueError(f"aging_interval_s must be above 0, got {self.aging_interval_s}")
 
@@ -220,6 +233,8 @@ class EngineConfig:
         defaults = CUDA_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS
         if device_type != "cuda" and self.timed_forward_ms is not None:
             defaults = {**defaults, "async_scheduling": True}
+        if self.speculative_config is not None:  # verified before the next step is scheduled
+            defaults = {**defaults, "async_scheduling": False}
         unset = {name: value for name, value in defaults.items() if getattr(self, name) is None}
         return replace(self, **unset)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence as Seq
 from typing import Any
 
 from shared.limits import ModelLimits
@@ -24,7 +25,7 @@ from worker.engine.input_processor import EngineShape, HeldCounts, InputProcesso
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner, pick_device
 from worker.engine.outputs import RequestOutput, ScheduledSeq, SchedulerOutput
-from worker.engine.overlap import InFlight
+from worker.engine.overlap import InFlight, Verified
 from worker.engine.pooling import Pooler
 from worker.engine.prompt_logprobs import PromptScores, add_step_scores
 from worker.engine.prompt_tokens import TokenizerPrompts
@@ -33,6 +34,7 @@ from worker.engine.runner_support import device_broken
 from worker.engine.schedule_events import ScheduleEvents
 from worker.engine.scheduler import Scheduler
 from worker.engine.self_check import self_check
+from worker.engine.speculative.speculator import Speculator, speculator_for
 from worker.engine.state_slots import CacheSizes, split_budget
 from worker.engine.token_output import TokenOutputs
 from worker.model_store import resolve_model
@@ -91,6 +93,9 @@ class Engine(TokenizerPrompts):
         self.schedule_events: ScheduleEvents | None = None  # set while the worker traces
         self.num_steps = 0  # steps the runner ran (launched, when asynchronous)
         self.num_host_waits = 0  # times the host waited for a step's tokens
+        self.speculator: Speculator | None = speculator_for(
+            config, self.runner, self.kv_cache, self.max_model_len
+        )
 
     def _prefix_caching(self) -> bool:
         if self.config.enable_prefix_caching and self.runner.rope_lens is not None:
@@ -195,29 +200,35 @@ class Engine(TokenizerPrompts):
             self.compiling.wait(COMPILE_WAIT_S)  # rather than have the caller spin
             return outputs
         launched = self._launch(outputs) if self.scheduler.has_unfinished() else None
-        if self.config.async_scheduling:
+        done: InFlight | Verified | None = launched
+        if self.config.async_scheduling and not isinstance(launched, Verified):
             done, self._in_flight = self._in_flight, launched
-        else:
-            done = launched
         if done is not None:
             outputs += self._read(done)
         return outputs
 
-    def _launch(self, outputs: list[RequestOutput]) -> InFlight | None:
+    def _launch(self, outputs: list[RequestOutput]) -> InFlight | Verified | None:
         """Schedule a step and launch it (on this thread, synchronously); the requests
         of a step whose inputs could not be built end, their finals in ``outputs``."""
         sched_out = self._schedule()
         if not sched_out.scheduled:
             return None
-        in_thread = not self.config.async_scheduling
         try:
-            launched = self.runner.launch(sched_out, self._in_flight, in_thread)
+            launched = self._start(sched_out)
         except Exception as e:  # its inputs could not be built: its requests end
             outputs += self._step_failed(sched_out, e)
             return None
         launched.token_index = self.scheduler.advance(sched_out)
         self.num_steps += 1
         return launched
+
+    def _start(self, sched_out: SchedulerOutput) -> InFlight | Verified:
+        """The step launched; through the speculator when it is on, which runs it to its
+        end here (its rows' kept drafts join their sequences: ``RunnerOutput.accepted``)."""
+        if self.speculator is not None:
+            return Verified(sched_out, self.speculator.execute(sched_out))
+        in_thread = not self.config.async_scheduling
+        return self.runner.launch(sched_out, self._in_flight, in_thread)
 
     def _schedule(self) -> SchedulerOutput:
         sched_out = self.scheduler.schedule()
@@ -227,7 +238,7 @@ class Engine(TokenizerPrompts):
             self.schedule_events.scheduled(sched_out)
         return sched_out
 
-    def _read(self, done: InFlight) -> list[RequestOutput]:
+    def _read(self, done: InFlight | Verified) -> list[RequestOutput]:
         """The tokens of a launched step, each in its place, then the outputs of the
         sequences still unfinished (a sequence that finished since drops its token):
         the engine's one post-processor."""
@@ -243,8 +254,11 @@ class Engine(TokenizerPrompts):
         for at, (item, index, logprobs) in enumerate(
             zip(sched_out.sampled, done.token_index, runner_out.logprobs, strict=True)
         ):
+            error = runner_out.errors.get(at)
+            kept = runner_out.accepted.get(at, ())
+            if kept and error is None and item.seq.status is not SeqStatus.FINISHED:
+                outputs += self._kept_draft_outputs(item.seq, kept, index)
             if item.seq.status is not SeqStatus.FINISHED:
-                error = runner_out.errors.get(at)
                 outputs.append(self._token_output(item.seq, logprobs, error, index))
         for item, partial in zip(sched_out.pooled, runner_out.pooled, strict=True):
             if item.seq.status is not SeqStatus.FINISHED:
@@ -267,6 +281,7 @@ class Engine(TokenizerPrompts):
             "preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": self.kv_cache.num_queried_tokens,
             "prefix_cache_hits": self.kv_cache.num_hit_tokens,
+            **({} if self.speculator is None else self.speculator.stats.figures()),
         }
 
     def generate(self, requests: list[EngineRequest]) -> dict[str, list[RequestOutput]]:
@@ -344,6 +359,20 @@ class Engine(TokenizerPrompts):
             seq.num_prompt_tokens,
             seq.num_output_tokens,
         ).with_prefix_figures(seq)
+
+    def _kept_draft_outputs(
+        self, seq: Sequence, kept: Seq[dict[str, Any] | None], index: int
+    ) -> list[RequestOutput]:
+        """The outputs of the draft tokens a speculative step kept, in order before its
+        sampled token (at ``index``); the first that ends ``seq`` is its last."""
+        outputs = []
+        first = index - len(kept)
+        for offset, logprobs in enumerate(kept):
+            out = self._token_output(seq, logprobs, None, first + offset)
+            outputs.append(out)
+            if out.finished:
+                break
+        return outputs
 
     def _embedding_output(self, item: ScheduledSeq) -> RequestOutput:
         """An embed request ends once its whole prompt is computed: no tokens, a vector."""

@@ -78,6 +78,11 @@ class GrammarState:
             return False
         return bool(self.matcher.accept_token(token_id))
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted (speculative decoding checks drafts)."""
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
+
     @property
     def terminated(self) -> bool:
         """The output is complete: only a stop token could come next, and it came."""

@@ -197,6 +197,16 @@ class KVCacheManager:
         seq.block_table.clear()
         seq.num_cached_blocks = 0
 
+    def release_last_block(self, seq: Sequence) -> None:
+        """Give back the last block of ``seq``'s table (speculative decoding: one that
+        held only rejected draft tokens)."""
+        block_id = seq.block_table.pop()
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            self._free[block_id] = None
+            if self._block_hashes[block_id] is None:
+                self._free.move_to_end(block_id, last=False)
+
     def _take_free_block(self) -> int:
         block_id, _ = self._free.popitem(last=False)
         digest = self._block_hashes[block_id]

@@ -38,7 +38,7 @@ from worker.engine.loader import load_model
 from worker.engine.lora import LoraStore, lora_sites
 from worker.engine.models.decoder import DecoderModel, ForwardBatch
 from worker.engine.models.state import StateCache, state_bytes
-from worker.engine.outputs import ScheduledSeq, SchedulerOutput
+from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
 from worker.engine.overlap import (
     InFlight,
     StepResult,
@@ -266,6 +266,10 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free)
         return available_host_bytes()
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        """The step run to its end on this thread (the speculator's steps)."""
+        return self.launch(out, None, in_thread=True).result()
 
     def launch(
         self, out: SchedulerOutput, prev: InFlight | None, in_thread: bool = False

@@ -86,6 +86,9 @@ class RunnerOutput:
     errors: dict[int, str] = field(default_factory=dict)
     # Per scheduled item with ``num_prompt_scores``, in order: its prompt tokens' entries.
     prompt_logprobs: list[list[dict[str, Any]]] = field(default_factory=list)
+    # Speculative decoding: per index into ``token_ids``, the logprob entries (None where
+    # not asked for) of the draft tokens its row kept, which come before its token.
+    accepted: dict[int, list[dict[str, Any] | None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)  # made per row per step

@@ -77,6 +77,19 @@ class InFlight:
         return self.future.result().runner_output(self.rows)
 
 
+@dataclass
+class Verified:
+    """A step run to its end as it was launched: a speculative step, whose drafts are
+    verified before the next step is scheduled (it is read at once, never in flight)."""
+
+    sched_out: SchedulerOutput
+    output: RunnerOutput
+    token_index: list[int] = field(default_factory=list)
+
+    def result(self) -> RunnerOutput:
+        return self.output
+
+
 class TimedDevice:
     """The timed forward's stream: each step runs ``step_s``, from when it is queued
     or, if later, when the step before it ends."""

@@ -2,10 +2,11 @@
 
 Each field of :class:`VllmOptions` is one command-line flag (its type, default and help
 in the field's ``metadata``). The flags the built-in engine shares (``--dtype``,
-``--max-num-seqs``, ``--max-model-len``, ``--enforce-eager``, ``--quantization``) are the
-worker's own and are passed through as well. Anything else vLLM's ``EngineArgs`` takes
-comes as ``--vllm-arg KEY=VALUE`` or from a ``--vllm-config`` file; a key ``EngineArgs``
-does not have is refused by name at start-up. Nothing here imports vLLM.
+``--max-num-seqs``, ``--max-model-len``, ``--enforce-eager``, ``--quantization``,
+``--speculative-config``) are the worker's own and are passed through as well. Anything
+else vLLM's ``EngineArgs`` takes comes as ``--vllm-arg KEY=VALUE`` or from a
+``--vllm-config`` file; a key ``EngineArgs`` does not have is refused by name at start-up.
+Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -35,10 +36,6 @@ class VllmOptions:
     pipeline_parallel_size: int = field(
         default=1, metadata={"help": "vLLM: pipeline stages (nodes, through Ray)"}
     )
-    speculative_config: str | None = field(
-        default=None,
-        metadata={"help": 'vLLM: speculative decoding as JSON, e.g. \'{"method": "ngram", ...}\''},
-    )
     gpu_memory_utilization: float | None = field(
         default=None, metadata={"help": "vLLM: share of GPU memory it takes (default vLLM's)"}
     )
@@ -64,7 +61,7 @@ def engine_arg_values(opts: VllmOptions, shared: Mapping[str, Any]) -> dict[str,
     for f in fields(VllmOptions):
         value = getattr(opts, f.name)
         if f.name not in SOURCES and value != f.default:
-            values[f.name] = _json_or_text(value) if f.name == "speculative_config" else value
+            values[f.name] = value
     values.update({k: v for k, v in shared.items() if v is not None and v is not False})
     return values
 

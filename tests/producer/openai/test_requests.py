@@ -41,6 +41,12 @@ def test_sampling_fields_map_onto_sampling_params() -> None:
     assert (req.metadata, req.tenant) == ({}, None)  # the tenant is set when it is submitted
 
 
+def test_a_request_opts_out_of_speculative_decoding_as_an_extra_field() -> None:
+    assert chat_request(_chat(), CALLER).requests[0].sampling.speculative
+    opted_out = chat_request(_chat(speculative=False), CALLER).requests[0]
+    assert opted_out.sampling.speculative is False
+
+
 def test_developer_role_and_text_parts_become_plain_messages() -> None:
     body = _chat(
         messages=[

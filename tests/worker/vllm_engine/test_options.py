@@ -49,9 +49,9 @@ def test_a_json_config_file_and_its_mistakes(tmp_path: Path) -> None:
         engine_arg_values(VllmOptions(vllm_config=str(tmp_path / "no-such.json")), {})
 
 
-def test_speculative_config_reads_as_json() -> None:
-    opts = VllmOptions(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
-    assert engine_arg_values(opts, {})["speculative_config"]["num_speculative_tokens"] == 3
+def test_the_shared_speculative_config_is_passed_through() -> None:
+    shared = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
+    assert engine_arg_values(VllmOptions(), shared)["speculative_config"]["method"] == "ngram"
 
 
 def test_unknown_keys_are_refused_by_name() -> None:

@@ -1,0 +1,97 @@
+"""Draft-model proposals: a model sharing the target's tokenizer proposes greedily;
+the output is the target's own, token for token, whatever the draft proposes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.worker.engine.conftest import EngineFactory, TinyModels
+from tests.worker.engine.speculative_helpers import (
+    NOVEL,
+    REPEATING,
+    accepted_since,
+    chat,
+    logprobs_of,
+    requests_for,
+    tokens_of,
+)
+from tests.worker.engine.tiny_models import SPECS_BY_NAME, build_model, make_config
+from worker.engine import Engine, EngineConfig
+from worker.engine.speculative.config import SpeculativeConfig
+
+VOCAB_SIZE = 49152  # the default model's
+
+
+def _draft(model: str | Path) -> SpeculativeConfig:
+    return SpeculativeConfig.from_json(
+        f'{{"model": "{model}", "num_speculative_tokens": 3, "disable_by_batch_size": 64}}'
+    )
+
+
+def test_the_target_as_its_own_draft_keeps_almost_every_draft(
+    make_engine: EngineFactory, model_path: str
+) -> None:
+    plain = make_engine()
+    spec = make_engine(speculative_config=_draft(model_path))
+    prompts = [chat(plain, text) for text in (*REPEATING[:2], *NOVEL)]
+    kwargs = {"max_tokens": 24, "logprobs": 1}
+    expected = plain.generate(requests_for(prompts, **kwargs))
+    before = spec.stats()
+    got = spec.generate(requests_for(prompts, **kwargs))
+    for request_id, outputs in expected.items():
+        assert tokens_of(got[request_id]) == tokens_of(outputs)
+        assert logprobs_of(got[request_id]) == pytest.approx(logprobs_of(outputs), abs=2e-3)
+    proposed, kept = accepted_since(spec, before)
+    assert proposed > 0 and kept / proposed > 0.9
+    # Shadows of finished sequences are let go at the next step.
+    assert spec.speculator is not None
+    shadows = spec.speculator.proposer.shadows  # type: ignore[attr-defined]
+    last = requests_for(prompts[:1], max_tokens=2)
+    spec.generate(last)
+    assert set(shadows) <= {last[0].request_id}
+
+
+@pytest.fixture(scope="module")
+def random_draft(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama over the default model's whole vocabulary."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("draft") / "random-draft"
+    config = make_config(SPECS_BY_NAME["llama"], vocab_size=VOCAB_SIZE)
+    build_model(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(path)
+    return path
+
+
+def test_a_poor_draft_changes_nothing_but_the_speed(
+    make_engine: EngineFactory, random_draft: Path
+) -> None:
+    plain = make_engine()
+    spec = make_engine(speculative_config=_draft(random_draft))
+    prompts = [chat(plain, text) for text in REPEATING[:2]]
+    kwargs = {"max_tokens": 24, "ignore_eos": True}
+    expected = plain.generate(requests_for(prompts, **kwargs))
+    before = spec.stats()
+    got = spec.generate(requests_for(prompts, **kwargs))
+    for request_id, outputs in expected.items():
+        assert tokens_of(got[request_id]) == tokens_of(outputs)
+    proposed, kept = accepted_since(spec, before)
+    assert proposed > kept  # a random model's drafts are mostly rejected, and taken back
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(
+    model_path: str, tiny_models: TinyModels
+) -> None:
+    tiny = tiny_models(SPECS_BY_NAME["llama"])  # the same tokenizer, 512 ids
+    config = EngineConfig(model=model_path, kv_cache_mib=8, speculative_config=_draft(tiny))
+    with pytest.raises(ValueError, match="does not share the target model's tokenizer"):
+        Engine(config)
+
+
+def test_a_draft_model_is_named_as_vllm_names_it() -> None:
+    config = SpeculativeConfig.from_json('{"model": "small", "num_speculative_tokens": 2}')
+    assert (config.method, config.model) == ("draft_model", "small")
+    with pytest.raises(ValueError, match="a draft model is named by model"):
+        SpeculativeConfig(method="draft_model")

@@ -1,0 +1,1 @@
+"""Speculative decoding for the built-in engine (see ``speculator``)."""
