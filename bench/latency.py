@@ -3,6 +3,7 @@ engine in fp32 against the engine with ``--quantization int8``, alternated in on
 
     python bench/latency.py                      # 5 rounds, the default model
     python bench/latency.py --rounds 3 --agreement mixed32.jsonl
+    python bench/latency.py --bf16                # and bf16 weights beside them
 
 Each round runs the same request on each engine in turn (both loaded in this
 process), so a busy neighbour slows both alike; compare the ratio, not absolutes
@@ -52,13 +53,17 @@ def one_stream(engine: Engine, prompt: list[int], num_tokens: int) -> tuple[floa
     return num_tokens / (ended - started), (num_tokens - 1) / max(ended - first, 1e-9)
 
 
-def engines(model: str, methods: list[str | None]) -> dict[str, Engine]:
-    return {
+def engines(model: str, methods: list[str | None], bf16: bool = False) -> dict[str, Engine]:
+    loaded = {
         method or "fp32": Engine(
             EngineConfig(model=model, num_threads=1, kv_cache_mib=64, quantization=method)
         )
         for method in methods
     }
+    if bf16:  # bf16 weights (refused on a CPU without native bf16)
+        config = EngineConfig(model=model, num_threads=1, kv_cache_mib=64, dtype="bfloat16")
+        loaded["bf16"] = Engine(config)
+    return loaded
 
 
 def latency(loaded: dict[str, Engine], rounds: int, num_tokens: int) -> None:
@@ -89,6 +94,8 @@ def agreement_run(model: str, loaded: dict[str, Engine], workload: str) -> None:
         config = EngineConfig(
             model=model, quantization=name, max_num_seqs=AGREEMENT_MAX_NUM_SEQS, kv_cache_mib=256
         )
+        if name == "bf16":
+            config = EngineConfig(model=model, dtype="bfloat16", kv_cache_mib=256)
         got = greedy_steps(Engine(config), prompts)
         print(f"{workload}, {name} against fp32: {agreement(expected, got).summary()}")
 
@@ -100,10 +107,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--quantization", default="int8")
     parser.add_argument("--agreement", metavar="WORKLOAD", help="e.g. mixed32.jsonl")
+    parser.add_argument(
+        "--bf16", action="store_true", help="also bf16 weights (a CPU with native bf16)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = str(resolve_model(args.model))
-    loaded = engines(model, [None, args.quantization])
+    loaded = engines(model, [None, args.quantization], args.bf16)
     latency(loaded, args.rounds, args.tokens)
     if args.agreement:
         agreement_run(model, loaded, args.agreement)

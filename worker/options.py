@@ -31,11 +31,8 @@ class WorkerOptions:
     speculative_config: str | None = field(
         default=None,
         metadata={
-            "help": "speculative decoding as vLLM's JSON, on either engine: "
-            '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-            '"prompt_lookup_min": 2, "disable_by_batch_size": 4}\' (n-gram prompt lookup; or '
-            "'{\"model\": PATH}' for a draft model sharing the tokenizer); the built-in "
-            "engine verifies drafts in one forward, greedy output unchanged, steps "
-            "synchronous; default: off"
+            "help": "speculative decoding, vLLM's JSON (either engine): "
+            '\'{"method": "ngram", "num_speculative_tokens": 4}\' or \'{"model": PATH}\' '
+            "(a draft model sharing the tokenizer); default: off"
         },
     )

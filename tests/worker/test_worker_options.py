@@ -70,7 +70,7 @@ def test_speculative_config_reaches_the_engine_config_and_a_wrong_one_is_refused
         app, ["worker", "--model", "org/model", "--speculative-config", '{"method": "eagle"}']
     )
     assert result.exit_code == 2 and "method 'eagle' is not served" in result.output
-    shown = CliRunner().invoke(app, ["worker", "--help"], terminal_width=200)
+    shown = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "200"})
     assert "--speculative-config" in shown.output
 
 

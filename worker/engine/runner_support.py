@@ -4,6 +4,7 @@ the KV and state layers a forward has, and whether it can be captured as CUDA gr
 from __future__ import annotations
 
 import logging
+from functools import cache
 from typing import Any
 
 import torch
@@ -32,12 +33,38 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# CPU flags (``/proc/cpuinfo``) of an instruction set that computes in bf16 itself.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The weights' dtype: ``auto`` is bf16 on CUDA and fp32 on the CPU (bf16 there is
+    one flag away, and refused on a CPU that would only emulate it)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}: use one of auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
+    dtype = DTYPES[name]
+    if dtype is torch.bfloat16 and device.type == "cpu" and not native_bf16():
+        raise ValueError(
+            f"--dtype {name}: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 "
+            "weights would be emulated and slower than fp32; serve fp32 (--dtype auto)"
+        )
+    return dtype
+
+
+@cache
+def native_bf16() -> bool:
+    """Whether this CPU computes in bf16 itself (AVX512-BF16 or AMX-BF16), read from
+    the kernel's CPU flags (torch's ``get_cpu_capability`` names AVX512 alone)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return not NATIVE_BF16_FLAGS.isdisjoint(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return False
 
 
 def eos_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:

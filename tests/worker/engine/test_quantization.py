@@ -25,6 +25,7 @@ from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.engine.models.layers import Projection
 from worker.engine.quantization import MAX_INT8_ROWS, Int8Projection, quantize_projection
 from worker.engine.request import LoraRef
+from worker.engine.runner_support import native_bf16
 from worker.engine.self_check import _engine_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -174,6 +175,23 @@ def test_the_default_model_in_int8_agrees_with_fp32_on_mixed32(
     result = agreement(expected, greedy_steps(int8, prompts_))
     with capsys.disabled():
         print(f"\nint8 against fp32 on mixed32: {result.summary()}")
+    assert result.share_identical >= MIN_SHARE_IDENTICAL
+    assert result.share_tokens >= MIN_SHARE_TOKENS
+    assert result.max_logprob_error <= MAX_LOGPROB_ERROR
+    assert result.mean_logprob_error <= MAX_MEAN_LOGPROB_ERROR
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16: bf16 is refused")
+def test_the_default_model_in_bf16_agrees_with_fp32_on_mixed32(
+    make_engine: EngineFactory, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts_ = workload_prompts(tokenizer, load_workload("mixed32.jsonl"))
+    expected = greedy_steps(make_engine(), prompts_)
+    result = agreement(expected, greedy_steps(make_engine(dtype="bfloat16"), prompts_))
+    with capsys.disabled():
+        print(f"\nbf16 against fp32 on mixed32: {result.summary()}")
     assert result.share_identical >= MIN_SHARE_IDENTICAL
     assert result.share_tokens >= MIN_SHARE_TOKENS
     assert result.max_logprob_error <= MAX_LOGPROB_ERROR
