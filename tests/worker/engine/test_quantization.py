@@ -116,7 +116,14 @@ def test_lora_applies_on_a_quantized_base(
     lora = LoraRef(SPECS[0].name, str(adapter))
     prompt = engine.encode_chat([{"role": "user", "content": "Write one line about the sea."}])
     got = _greedy(engine, prompt, lora)
-    assert got == _merged_on_dequantized(model_path, adapter, prompt)
+    # Each token the engine chose is the best of transformers' merged model on the same
+    # tokens before it, or within the int8 engine's tolerance of it (its activations are
+    # rounded to bf16, so a near tie may go either way; the exact greedy sequence did).
+    logits = _merged_on_dequantized(model_path, adapter, prompt, got)
+    chosen = logits.gather(1, torch.tensor(got)[:, None])[:, 0]
+    gaps = logits.max(dim=1).values - chosen
+    scale = max(1.0, logits.abs().max().item())
+    assert gaps.max().item() / scale <= DEQUANTIZED_TOLERANCE, gaps.tolist()
     assert got != _greedy(engine, prompt, None)  # the adapter changes the output
 
 
@@ -126,23 +133,21 @@ def _greedy(engine: Engine, prompt: list[int], lora: LoraRef | None) -> list[int
     return [t for out in engine.generate([request])[request.request_id] for t in out.new_token_ids]
 
 
-def _merged_on_dequantized(model_path: str, adapter: Path, prompt: list[int]) -> list[int]:
-    """transformers' greedy tokens on the dequantized base with the adapter merged."""
+def _merged_on_dequantized(
+    model_path: str, adapter: Path, prompt: list[int], tokens: list[int]
+) -> torch.Tensor:
+    """transformers' logits for each of ``tokens`` (after the prompt and the tokens before
+    it) on the dequantized base with the adapter merged."""
     from peft import PeftModel
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # peft reads deprecated attributes
         merged = PeftModel.from_pretrained(dequantized_reference(model_path), str(adapter))
         model = merged.merge_and_unload()
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([[*prompt, *tokens]])
     with torch.inference_mode():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False
-        )
-    tokens: list[int] = out[0, len(prompt) :].tolist()
-    eos = model.generation_config.eos_token_id
-    ends = [i for i, t in enumerate(tokens) if t in (eos if isinstance(eos, list) else [eos])]
-    return tokens[: ends[0] + 1] if ends else tokens
+        logits = model(input_ids=ids, use_cache=False).logits
+    return logits[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)].float()  # type: ignore[no-any-return]
 
 
 @pytest.mark.slow
