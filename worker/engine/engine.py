@@ -349,16 +349,10 @@ class Engine(TokenizerPrompts):
         self.outputs.end(seq.request_id)
         self.pooler.discard(seq.request_id)
         self.prompt_scores.discard(seq.request_id)
-        return RequestOutput(
-            seq.request_id,
-            seq.num_output_tokens,
-            [],
-            "",
-            reason,
-            None,
-            seq.num_prompt_tokens,
-            seq.num_output_tokens,
-        ).with_prefix_figures(seq)
+        ended = RequestOutput.ended(
+            seq.request_id, reason, seq.num_prompt_tokens, seq.num_output_tokens
+        )
+        return ended.with_prefix_figures(seq)
 
     def _kept_draft_outputs(
         self, seq: Sequence, kept: Seq[dict[str, Any] | None], index: int

@@ -119,6 +119,23 @@ class RequestOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @classmethod
+    def ended(
+        cls, request_id: str, reason: FinishReason, num_prompt_tokens: int, num_output_tokens: int
+    ) -> RequestOutput:
+        """A request's last output when it ends with no new token (cancelled, past its
+        deadline, stopped by the engine): either engine's."""
+        return cls(
+            request_id,
+            num_output_tokens,
+            [],
+            "",
+            reason,
+            None,
+            num_prompt_tokens,
+            num_output_tokens,
+        )
+
     def with_prefix_figures(self, seq: Sequence) -> RequestOutput:
         """This output with ``seq``'s prefix-cache figures (it ends ``seq``)."""
         self.num_prefix_queried_tokens = seq.num_prefix_queried_tokens

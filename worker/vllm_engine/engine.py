@@ -242,16 +242,7 @@ class VllmEngine(TokenizerPrompts):
     def _end(self, request_id: str, reason: FinishReason) -> RequestOutput:
         """End a request with no more tokens (vLLM lets go of it too)."""
         seq = self._forget(request_id)
-        return RequestOutput(
-            request_id,
-            seq.num_output_tokens,
-            [],
-            "",
-            reason,
-            None,
-            seq.num_prompt_tokens,
-            seq.num_output_tokens,
-        )
+        return RequestOutput.ended(request_id, reason, seq.num_prompt_tokens, seq.num_output_tokens)
 
     def _forget(self, request_id: str) -> Sequence:
         live = self._live.pop(request_id)
