@@ -25,22 +25,29 @@ BLOCK_BYTES = 2 + BLOCK_VALUES  # its fp16 scale, then the values
 CHUNK_VALUES = 1 << 18  # values widened to fp32 at a time
 
 
-def read_q8_0(path: str | Path) -> dict[str, Int8Weight]:
-    """Every two-dimensional Q8_0 tensor of the GGUF file at ``path``, by its GGUF name
-    (``blk.0.attn_q.weight``...), in int8 with a scale per row."""
+def q8_0_tensors(path: str | Path) -> dict[str, tuple[int, int, int]]:
+    """Where each two-dimensional Q8_0 tensor of the GGUF file at ``path`` lies, by its
+    GGUF name (``blk.0.attn_q.weight``...): its offset, rows and columns. Only the
+    file's header is read."""
     from gguf import GGMLQuantizationType, GGUFReader
 
     try:
         reader = GGUFReader(path)  # maps the file; only its header is read here
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{path}: cannot read this GGUF file: {e}") from e
-    weights = {}
+    found = {}
+    for tensor in reader.tensors:
+        if tensor.tensor_type == GGMLQuantizationType.Q8_0 and len(tensor.shape) == 2:
+            num_cols, num_rows = (int(n) for n in tensor.shape)  # innermost first
+            found[tensor.name] = (int(tensor.data_offset), num_rows, num_cols)
+    return found
+
+
+def read_q8_0(path: str | Path) -> dict[str, Int8Weight]:
+    """Every two-dimensional Q8_0 tensor of the GGUF file at ``path``, by its GGUF name,
+    in int8 with a scale per row."""
     with open(path, "rb") as file:
-        for tensor in reader.tensors:
-            if tensor.tensor_type == GGMLQuantizationType.Q8_0 and len(tensor.shape) == 2:
-                num_cols, num_rows = (int(n) for n in tensor.shape)  # innermost first
-                weights[tensor.name] = read_tensor(file, tensor.data_offset, num_rows, num_cols)
-    return weights
+        return {name: read_tensor(file, *where) for name, where in q8_0_tensors(path).items()}
 
 
 def read_tensor(file: BinaryIO, offset: int, num_rows: int, num_cols: int) -> Int8Weight:
@@ -102,7 +109,8 @@ class GgufInt8:
         arch = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}.get(
             read_architecture(path)
         )
-        self.tensors = read_q8_0(path)
+        self.path = Path(path)
+        self.tensors = q8_0_tensors(path)  # read one at a time, as each is asked for
         self.head_counts = {
             int(config.num_attention_heads),
             int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
@@ -141,11 +149,11 @@ class GgufInt8:
         )
 
     def _matched(self, name: str, param: torch.Tensor) -> Int8Weight | None:
-        int8 = self.tensors.pop(name, None)  # read once: let go once it is placed
-        if int8 is None:
+        where = self.tensors.pop(name, None)  # read once: let go once it is placed
+        if where is None or where[1:] != tuple(param.shape):
             return None
-        if int8.values.shape != param.shape:
-            return None
+        with open(self.path, "rb") as file:
+            int8 = read_tensor(file, *where)
         sample = _sample_rows(param.shape[0])
         expected = quantize_per_channel(param[sample])
         for order in _row_orders(param.shape[0], self.head_counts):
