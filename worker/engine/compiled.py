@@ -202,7 +202,9 @@ class CompiledLayers:
         """Layer ``index``'s graph for steps of ``size`` tokens, traced with fake tensors
         of static shapes in a mode with a shape environment (inductor caches only graphs
         traced with one)."""
-        mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+        # A tensor the walk of the layer's parts missed stays real, to be found as a
+        # constant of the graph and refused (``_check_traced``).
+        mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
         args: list[torch.Tensor] = [
             mode.from_tensor(t, static_shapes=True) for t in self._example(index, size)
         ]

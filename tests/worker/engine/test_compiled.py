@@ -79,6 +79,14 @@ def test_a_model_with_experts_is_refused_with_compile(tiny_models: TinyModels) -
         compiled_engine(path)
 
 
+def test_a_layer_whose_tensors_cannot_all_be_inputs_is_refused(tiny_models: TinyModels) -> None:
+    # In bf16 the norms run through transformers' modules, whose weights the graph of
+    # the first layer would hold as constants for every layer.
+    path = tiny_models(SPECS_BY_NAME["llama"])
+    with pytest.raises(UnsupportedModel, match=r"--compile cannot pass every tensor of its layers"):
+        compiled_engine(path, dtype="bfloat16")
+
+
 def test_compile_max_tokens_must_be_positive() -> None:
     with pytest.raises(ValueError, match="compile_max_tokens must be an integer of at least 1"):
         EngineConfig(model="m", compile=True, compile_max_tokens=0)
