@@ -22,6 +22,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 # Compiled and eager differ by their sums' order only.
 LOGPROB_TOLERANCE = 1e-5
+# With int8 weights a step's activations enter each projection rounded to bf16, where
+# a last-bit difference of the fp32 sums flips some roundings: the default model's
+# chosen-token logprobs then differ by up to 0.08 (measured), its tokens not at all.
+INT8_LOGPROB_TOLERANCE = 0.15
 MAX_TOKENS = 4  # steps of 1, 2 and 4 tokens compile; 3 prompts pad a step to 4
 
 
@@ -92,7 +96,10 @@ def test_compile_max_tokens_must_be_positive() -> None:
         EngineConfig(model="m", compile=True, compile_max_tokens=0)
 
 
-def test_the_default_model_compiled_gives_the_eager_tokens(make_engine: Any) -> None:
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_the_default_model_compiled_gives_the_eager_tokens(
+    make_engine: Any, quantization: str | None
+) -> None:
     sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0)
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
@@ -110,12 +117,13 @@ def test_the_default_model_compiled_gives_the_eager_tokens(make_engine: Any) -> 
             for r in requests
         ]
 
-    engine = make_engine(compile=True)
+    engine = make_engine(compile=True, quantization=quantization)
     got = tokens(engine)
     assert isinstance(engine.runner.forward_fn, DecoderModel)
     compiled = engine.runner.forward_fn.compiled
     assert isinstance(compiled, CompiledLayers) and compiled.num_steps > 0
-    expected = tokens(make_engine())
+    expected = tokens(make_engine(quantization=quantization))
     for (got_ids, got_lps), (ids, lps) in zip(got, expected, strict=True):
         assert got_ids == ids
-        assert max(abs(a - b) for a, b in zip(got_lps, lps, strict=True)) <= 1e-4
+        tolerance = 1e-4 if quantization is None else INT8_LOGPROB_TOLERANCE
+        assert max(abs(a - b) for a, b in zip(got_lps, lps, strict=True)) <= tolerance
