@@ -15,6 +15,7 @@ from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.engine.compiled import CompiledLayers, bucket_sizes
 from worker.engine.errors import UnsupportedModel
 from worker.engine.models.decoder import DecoderModel
+from worker.engine.speculative.config import SpeculativeConfig
 
 from .conftest import TinyModels
 
@@ -65,6 +66,36 @@ def test_compiled_steps_give_the_eager_tokens(name: str, tiny_models: TinyModels
         got = run(engine, num_prompts)
         assert compiled.num_steps > before  # its decode steps ran compiled
         assert_matches(got, eager_run(path, num_prompts), LOGPROB_TOLERANCE)
+
+
+def test_compiled_prefill_chunks_give_the_eager_tokens(tiny_models: TinyModels) -> None:
+    # Chunks of 3 tokens: each a compiled step (padded to 4) that reads its context.
+    path = tiny_models(SPECS_BY_NAME["qwen3"])
+    engine, compiled = compiled_engine(path, prefill_chunk_tokens=3)
+    got = run(engine, 1)
+    assert compiled.num_steps > len(got[0].token_ids)  # its prefill's steps too
+    assert_matches(got, eager_run(path, 1), LOGPROB_TOLERANCE)
+
+
+def test_compiled_speculative_steps_give_the_eager_tokens(tiny_models: TinyModels) -> None:
+    # A repeating prompt, so that n-gram proposals are made and verified in steps of
+    # up to 5 tokens (padded to 8).
+    path = tiny_models(SPECS_BY_NAME["llama"])
+    speculative = SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=64)
+    engine, compiled = compiled_engine(
+        path, speculative_config=speculative, compile_max_tokens=2 * MAX_TOKENS
+    )
+    sampling = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9] * 6
+
+    def tokens(engine: Engine) -> list[int]:
+        outputs = engine.generate([EngineRequest("s", prompt, sampling)])["s"]
+        return [t for out in outputs for t in out.new_token_ids]
+
+    got = tokens(engine)
+    assert compiled.num_steps > 0
+    eager = Engine(EngineConfig(model=str(path), device="cpu", kv_cache_mib=2))
+    assert got == tokens(eager)
 
 
 def test_compiled_int8_steps_give_the_eager_int8_tokens(tiny_models: TinyModels) -> None:
