@@ -67,6 +67,9 @@ class EngineConfig:
     proposals verified in one forward; ``worker.engine.speculative``); it runs steps
     synchronously.
 
+    With ``compile``, a step of up to ``compile_max_tokens`` tokens runs through the
+    decoder's layers compiled by inductor on the CPU (``worker.engine.compiled``).
+
     ``quantization="int8"`` keeps the projections of a described family's layers in
     8 bits with a scale per output channel, quantized at load on the CPU
     (``worker.engine.quantization``); ``None`` serves the checkpoint's own dtype.
@@ -162,6 +165,17 @@ class EngineConfig:
             "default: the checkpoint's dtype"
         },
     )
+    compile: bool = field(
+        default=False,
+        metadata={
+            "help": "built-in engine on the CPU: run steps of up to --compile-max-tokens tokens "
+            "through layers compiled by torch's inductor (at start-up, cached on disk); "
+            "default: off"
+        },
+    )
+    compile_max_tokens: int = field(
+        default=8, metadata={"help": "the most tokens a step run through --compile has"}
+    )
     # Speculative decoding (``worker.engine.speculative``); None: off. Offered on the
     # command line as ``WorkerOptions.speculative_config`` (JSON, both engines).
     speculative_config: SpeculativeConfig | None = None
@@ -199,6 +213,7 @@ class EngineConfig:
         _at_least("max_loras", self.max_loras, 0)
         _at_least("max_lora_rank", self.max_lora_rank, 1)
         _at_least("grammar_compile_threads", self.grammar_compile_threads, 1)
+        _at_least("compile_max_tokens", self.compile_max_tokens, 1)
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError(
                 f"grammar_compile_timeout_s must be above 0, got {self.grammar_compile_timeout_s}"

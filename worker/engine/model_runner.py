@@ -28,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedTokenizerBase
 
 from worker.engine import prompt_logprobs
+from worker.engine.compiled import CompiledLayers
 from worker.engine.config import EngineConfig
 from worker.engine.cpu_attention import CpuBackend
 from worker.engine.cuda_graphs import PagedBackend, StepGraphs
@@ -96,6 +97,8 @@ class ModelRunner:
             config.model,
             self._prequantized(config.quantization, model_path),
         )
+        if config.compile:
+            self._compile(config)
         text_config = self.model.config.get_text_config()
         self.max_model_len: int = config.max_model_len or text_config.max_position_embeddings
         self.rope_lens, self.recompute_at = self._rope_switch()
@@ -154,6 +157,17 @@ class ModelRunner:
             model_type,
         )
         return GenericForward(self.model)
+
+    def _compile(self, config: EngineConfig) -> None:
+        """The fused forward's layers compiled for small steps (``worker.engine.compiled``)."""
+        if not isinstance(self.forward_fn, DecoderModel):
+            raise UnsupportedModel(
+                f"model {config.model}: --compile needs the fused forward of a family tokenq "
+                "describes; serve it without --compile"
+            )
+        compiled = CompiledLayers(self.forward_fn, config.model, config.compile_max_tokens)
+        compiled.compile()
+        self.forward_fn.compiled = compiled
 
     def _prequantized(self, method: str | None, model_path: str | Path) -> Prequantized | None:
         """For int8: the weights a GGUF file the model came from holds in Q8_0, read

@@ -13,7 +13,7 @@ hybrid's other layers, by the family's state layer (one state pool each, in orde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.nn import functional
@@ -118,6 +118,17 @@ class Attention:
         return qk if self.per_head is None else self.per_head(qk)
 
 
+class LayerRunner(Protocol):
+    """Runs the layers of the steps it takes in place of the loop below: the layers
+    compiled for small steps (``worker.engine.compiled``)."""
+
+    def takes(self, num_tokens: int, batch: ForwardBatch) -> bool: ...
+
+    def __call__(
+        self, x: torch.Tensor, ropes: dict[str, Rope], batch: ForwardBatch
+    ) -> torch.Tensor: ...
+
+
 Mixer = Attention | StateMixer
 Mlp = GatedMLP | SparseMoe | SharedExpertMoe
 
@@ -199,6 +210,7 @@ class DecoderModel:
         self.lm_head = Projection.of(model.get_output_embeddings())
         self.logit_divisor = family.float_option(config, family.logit_divisor)
         self.final_softcap = family.float_option(config, family.final_softcap)
+        self.compiled: LayerRunner | None = None  # set by the runner for ``--compile``
 
     def _mixer(
         self,
@@ -227,8 +239,11 @@ class DecoderModel:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         ropes = self.rotary(batch.positions, batch.rope_lens, x.dtype)
-        for index, layer in enumerate(self.layers):
-            x = layer(index, x, ropes, batch)
+        if self.compiled is not None and self.compiled.takes(x.shape[0], batch):
+            x = self.compiled(x, ropes, batch)
+        else:
+            for index, layer in enumerate(self.layers):
+                x = layer(index, x, ropes, batch)
         logits = self._logits(self.norm(x[batch.logits_index]))
         pooled = None if batch.pool_index is None else self.norm(x[batch.pool_index])
         return logits, pooled
