@@ -538,8 +538,7 @@ class WorkerService:
 
 
 def _speculation(stats: dict[str, float]) -> dict[str, float]:
-    """Speculative decoding's acceptance (vLLM's engine), when it drafts tokens."""
-    drafted = stats.get("spec_draft_tokens", 0)
-    if not drafted:
+    """Speculative decoding's acceptance (either engine), once it has drafted tokens."""
+    if not stats.get("spec_decode_num_draft_tokens"):
         return {}
-    return {"spec_acceptance_rate": round(stats.get("spec_accepted_tokens", 0) / drafted, 3)}
+    return {"spec_acceptance_rate": round(stats["spec_decode_acceptance_rate"], 3)}

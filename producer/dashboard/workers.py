@@ -31,6 +31,9 @@ class WorkerRow(BaseModel):
     occupancy: float | None = None
     kv_cache_usage: float | None = None
     prefix_cache_hit_rate: float | None = None
+    waiting: int | None = None  # in the engine's own scheduler
+    preemptions: int | None = None  # since the worker started
+    spec_acceptance_rate: float | None = None  # share of drafted tokens kept, when it drafts
     affinity_claims: int | None = None  # requests it claimed for a warm prefix
     kv_cache_mib: int | None = None
     tokens_per_s: float = 0.0
@@ -79,6 +82,9 @@ def _row(worker_id: str, beat_s: float, h: dict[str, str], now_ms: int) -> Worke
         occupancy=running / max_seqs if max_seqs else None,
         kv_cache_usage=float_or_none(h.get("kv_cache_usage")),
         prefix_cache_hit_rate=float_or_none(h.get("prefix_cache_hit_rate")),
+        waiting=int_or_none(h.get("waiting")),
+        preemptions=int_or_none(h.get("preemptions")),
+        spec_acceptance_rate=float_or_none(h.get("spec_acceptance_rate")),
         affinity_claims=int_or_none(h.get("affinity_claims")),
         kv_cache_mib=int_or_none(h.get("kv_cache_mib")),
         tokens_per_s=float_or_none(h.get("tokens_per_s")) or 0.0,

@@ -32,7 +32,7 @@ from tests.integration.vllm_stack import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-WORKLOAD = REPO / "bench" / "workloads" / "mixed32.jsonl"
+WORKLOAD = REPO / "bench" / "workloads" / "mixed200.jsonl"  # the whole mixed workload
 RESULT_TIMEOUT_S = 600.0
 
 
@@ -104,6 +104,7 @@ def test_greedy_tokens_through_redis_equal_vllm_generate(
     reference: list[dict[str, Any]], vllm_stack: VllmStack, client: Client
 ) -> None:
     lines = _workload()
+    assert len(lines) == 200  # the whole mixed workload, as issue 46 asks
     handles = [
         client.submit(model=DEFAULT_MODEL, **_greedy_case(line), priority=line["priority"])
         for line in lines

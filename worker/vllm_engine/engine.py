@@ -5,7 +5,7 @@ engine-core process. This side keeps, per request, what tokenq's outputs need: i
 sequence of tokens, its text state (tokenq's detokenizer and stop-string matcher, so that
 text, stop strings and ``stop_sequence`` are the built-in engine's, resumed requests
 included), its deadline; and it turns each step's token deltas into tokenq's outputs.
-Only this module and ``figures`` import vLLM, and only a worker started with
+Only this module and ``stat_logger`` import vLLM, and only a worker started with
 ``--engine vllm`` imports them.
 """
 
@@ -49,11 +49,6 @@ from worker.vllm_engine.mapping import (
 
 log = logging.getLogger(__name__)
 
-# Requests claimed beyond vLLM's batch, so a more urgent one waits in its scheduler and
-# can preempt (as the built-in engine's look-ahead).
-NUM_LOOKAHEAD = 2
-# A KV cache this full takes no new request (resumed ones still: their clients wait).
-KV_FULL = 0.95
 MAX_WARM = 1024
 
 
@@ -203,16 +198,8 @@ class VllmEngine(TokenizerPrompts):
         return bool(self._live)
 
     def num_free_slots(self, resumed: bool = False) -> int:
-        """How many more requests to claim: what vLLM's batch has room for, plus a small
-        look-ahead; no new one while its KV cache is nearly full or more than the
-        look-ahead already wait in its scheduler (its latest figures)."""
-        room = max(0, self.max_num_seqs + NUM_LOOKAHEAD - len(self._live))
-        if resumed:
-            return room
-        figures = self.figures
-        if figures.kv_cache_usage >= KV_FULL or figures.num_waiting > NUM_LOOKAHEAD:
-            return 0
-        return room
+        """How many more requests to claim, from vLLM's latest figures."""
+        return self.figures.num_free_slots(self.max_num_seqs, len(self._live), resumed)
 
     def step(self) -> list[RequestOutput]:
         outputs = self._finish_cancelled()

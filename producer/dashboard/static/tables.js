@@ -31,6 +31,10 @@ export function renderWorkers(tbody, workers, nowMs, { canAct, onDrain }) {
     const drain = el("button", { class: "act", disabled: !canAct || !w.alive || w.state !== "serving",
       textContent: "Drain", onclick: () => onDrain(w) });
     const batch = w.max_num_seqs ? bar(w.occupancy, `${w.running}/${w.max_num_seqs}`) : "–";
+    const engine = [w.waiting ? `${w.waiting} waiting` : "", w.preemptions ? `${w.preemptions} preempted` : "",
+      w.spec_acceptance_rate == null ? "" : `drafts kept ${percent(w.spec_acceptance_rate)}`].filter(Boolean).join(", ");
+    const load = el("span", { title: "Requests in its batch; waiting in the engine's own scheduler; preemptions since it started; share of speculative draft tokens kept" },
+      batch, engine ? el("small", {}, ` ${engine}`) : "");
     const kvBar = w.kv_cache_usage == null ? "–" : bar(w.kv_cache_usage, percent(w.kv_cache_usage));
     const affinity = w.affinity_claims == null ? "" : `, ${w.affinity_claims} claimed warm`;
     const hits = w.prefix_cache_hit_rate == null ? "" : `prefix hits ${percent(w.prefix_cache_hit_rate)}${affinity}`;
@@ -40,7 +44,7 @@ export function renderWorkers(tbody, workers, nowMs, { canAct, onDrain }) {
       el("td", { class: "mono", title: w.id }, short(w.id)), el("td", {}, w.model || "–"),
       el("td", {}, w.device || "–"),
       el("td", {}, el("span", { class: `pill ${w.alive ? w.state : "dead"}` }, w.alive ? w.state : "dead")),
-      el("td", {}, batch), el("td", {}, kv), el("td", { class: "num" }, num(w.tokens_per_s)),
+      el("td", {}, load), el("td", {}, kv), el("td", { class: "num" }, num(w.tokens_per_s)),
       el("td", { class: "num" }, w.alive ? w.running : "–"), el("td", {}, w.version || "–"),
       el("td", {}, ago(w.last_heartbeat_ms, nowMs)), el("td", {}, drain));
   });

@@ -29,6 +29,14 @@ async def test_live_worker_figures(world: World) -> None:
     assert float(row["heartbeat_age_s"]) < 5  # type: ignore[arg-type]
 
 
+async def test_the_engines_own_figures_are_shown_when_it_reports_them(world: World) -> None:
+    world.register_worker("w-vllm", waiting=3, preemptions=5, spec_acceptance_rate=0.625)
+    world.register_worker("w-plain")
+    plain, vllm = await _rows(world)  # by id
+    assert (vllm["waiting"], vllm["preemptions"], vllm["spec_acceptance_rate"]) == (3, 5, 0.625)
+    assert (plain["waiting"], plain["preemptions"], plain["spec_acceptance_rate"]) == (None,) * 3
+
+
 async def test_recently_dead_worker_is_listed_after_the_live(world: World) -> None:
     world.register_worker("a-dead", alive=False)
     world.register_worker("z-live")
