@@ -40,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from operator import truediv
 from pathlib import Path
 
 import torch
@@ -116,9 +117,9 @@ def chat_prompt(engine: Engine) -> list[int]:
 
 def latency(
     streams: dict[str, Stream], prompt: list[int], rounds: int, num_tokens: int
-) -> dict[str, float]:
-    """Each contestant's median tokens/s over ``rounds`` alternated rounds (after a
-    warm-up round), each round printed."""
+) -> dict[str, list[float]]:
+    """Each contestant's tokens/s in each of ``rounds`` alternated rounds (after a
+    warm-up round), each round printed, then the medians."""
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in streams}
     for run in streams.values():
         run(prompt, num_tokens)
@@ -131,12 +132,12 @@ def latency(
     print(f"one stream, {num_tokens} tokens, 1 thread, median of {rounds} rounds:")
     for name, value in medians.items():
         print(f"  {name:17s} {value:6.1f} tok/s  {value / medians['fp32']:4.2f}x fp32")
-    return medians
+    return {n: [w for w, _ in f] for n, f in figures.items()}
 
 
 def bursts(
     runs: dict[str, Burst], prompt: list[int], rounds: int, num_tokens: int, num_requests: int
-) -> dict[str, float]:
+) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = {name: [] for name in runs}
     for number in range(rounds):
         for name, run in runs.items():
@@ -146,16 +147,19 @@ def bursts(
     print(f"{num_requests} requests at once, {num_tokens} tokens each, median of {rounds} rounds:")
     for name, value in medians.items():
         print(f"  {name:17s} {value:6.1f} tok/s")
-    return medians
+    return figures
 
 
-def print_ratios(what: str, medians: dict[str, float], peers: list[str]) -> None:
-    """tokenq's tokens/s over each llama-server's: a row per engine, a column per file."""
-    print(f"{what}, tokenq / llama-server:")
+def print_ratios(what: str, figures: dict[str, list[float]], peers: list[str]) -> None:
+    """tokenq's tokens/s over each llama-server's, the median of the rounds' ratios (a
+    round's sides ran back to back, under the same load): a row per engine, a column
+    per file."""
+    print(f"{what}, tokenq / llama-server, median of the rounds' ratios:")
     print("        " + "".join(f"{peer.split()[-1]:>8s}" for peer in peers))
-    for name, value in medians.items():
+    for name, ours in figures.items():
         if name not in peers:
-            print(f"  {name:5s} " + "".join(f"{value / medians[p]:7.2f}x" for p in peers))
+            ratios = [statistics.median(map(truediv, ours, figures[p])) for p in peers]
+            print(f"  {name:5s} " + "".join(f"{ratio:7.2f}x" for ratio in ratios))
 
 
 def agreement_run(model: str, loaded: dict[str, Engine], workload: str) -> None:
@@ -209,9 +213,9 @@ def compare(
         for name, path in files.items():
             url = servers.enter_context(llama_server.serve(args.llama_server, path, 1, slot))
             streams[name] = partial(llama_server.one_stream, url)
-        medians = latency(streams, prompt, args.rounds, args.tokens)
+        figures = latency(streams, prompt, args.rounds, args.tokens)
     if files:
-        print_ratios("one stream", medians, list(files))
+        print_ratios("one stream", figures, list(files))
     if not args.burst:
         return
     with contextlib.ExitStack() as servers:
@@ -223,9 +227,9 @@ def compare(
                 llama_server.serve(args.llama_server, path, args.burst, slot)
             )
             runs[name] = partial(llama_server.burst, url, num_requests=args.burst)
-        medians = bursts(runs, prompt, args.rounds, args.tokens, args.burst)
+        figures = bursts(runs, prompt, args.rounds, args.tokens, args.burst)
     if files:
-        print_ratios(f"{args.burst} at once", medians, list(files))
+        print_ratios(f"{args.burst} at once", figures, list(files))
 
 
 def parse_args() -> argparse.Namespace:
