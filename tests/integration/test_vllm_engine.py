@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,15 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 import redis
 
 from producer.client import Client, Handle
 from producer.embedded import EmbeddedRedis
 from shared.keys import Keys
-from shared.models import FinalEvent, RequestState, TokenEvent
+from shared.loras import register_lora
+from shared.models import FinalEvent, LoraAdapter, RequestState, TokenEvent
 from shared.settings import DEFAULT_MODEL, get_settings
 from tests.integration.vllm_stack import (
+    MAX_LORA_RANK,
     MAX_NUM_SEQS,
     REPO,
     VLLM_ENV,
@@ -29,6 +33,7 @@ from tests.integration.vllm_stack import (
     vllm_bin,
     vllm_reference,
 )
+from tests.lora_adapters import SPECS, make_adapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -98,6 +103,53 @@ def _streamed(handle: Handle) -> tuple[list[int], str, list[float], FinalEvent]:
         elif isinstance(event, FinalEvent):
             return token_ids, "".join(texts), logprobs, event
     pytest.fail(f"the stream of {handle.id} ended without a final event")
+
+
+# Structured outputs and a LoRA adapter, against vLLM's own with the same constraint or
+# adapter (``feature_reference``, in this order).
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+JSON_CASE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+    "max_tokens": 100,
+    "temperature": 0.0,
+}
+ANSWER = r"(yes|no), because [a-z ]{5,30}\."
+REGEX_CASE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Is the sea blue?"}],
+    "max_tokens": 40,
+    "temperature": 0.0,
+}
+SEA_CASE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Write one line about the sea."}],
+    "max_tokens": 12,
+    "temperature": 0.0,
+}
+ADAPTER = SPECS[1]  # rank 4: within the worker's MAX_LORA_RANK; changes SEA_CASE's answer
+
+
+@pytest.fixture(scope="session")
+def adapter(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    return make_adapter(str(default_model_dir), ADAPTER, tmp_path_factory.mktemp("vllm-loras"))
+
+
+@pytest.fixture(scope="session")
+def feature_reference(
+    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path, adapter: Path
+) -> list[dict[str, Any]]:
+    """vLLM's own answers: JSON_CASE under PERSON, REGEX_CASE under ANSWER, SEA_CASE
+    without and then with the adapter."""
+    cases = [
+        {**JSON_CASE, "structured_outputs": {"json": PERSON}},
+        {**REGEX_CASE, "structured_outputs": {"regex": ANSWER}},
+        SEA_CASE,
+        {**SEA_CASE, "lora": {"name": ADAPTER.name, "path": str(adapter)}},
+    ]
+    return vllm_reference(default_model_dir, cases, tmp_path_factory.mktemp("vllm-features"))
 
 
 def test_greedy_tokens_through_redis_equal_vllm_generate(
@@ -256,15 +308,28 @@ def test_features_it_does_not_map_are_refused_at_submit_by_name(
     assert vllm_stack.alive()
 
 
-def test_structured_outputs_are_refused_at_submit(vllm_stack: VllmStack) -> None:
+def test_json_object_through_the_gateway_is_a_json_object(vllm_stack: VllmStack) -> None:
     body = {
         "model": DEFAULT_MODEL,
-        "messages": STORY,
-        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Describe the ocean as JSON."}],
+        "max_tokens": 200,
         "response_format": {"type": "json_object"},
     }
-    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/chat/completions", json=body, timeout=60)
-    assert 400 <= reply.status_code < 500 and "structured outputs" in reply.text
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/chat/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert isinstance(json.loads(choice["message"]["content"]), dict)
+
+
+def test_a_schema_structured_outputs_cannot_enforce_is_refused_at_submit(
+    vllm_stack: VllmStack,
+) -> None:
+    schema = {"type": "object", "not": {"required": ["a"]}}  # xgrammar ignores "not"
+    body = {"model": DEFAULT_MODEL, "prompt": "Hello", "max_tokens": 8, "guided_json": schema}
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "guided_json" and "'not'" in reply.text
 
 
 def test_the_registry_shows_vllms_figures(vllm_stack: VllmStack, client: Client) -> None:
@@ -329,3 +394,69 @@ def test_tensor_parallel_size_reaches_vllm(tmp_path: Path) -> None:
         server.stop()
     assert done.returncode == 1
     assert "must be divisible by tensor parallel size (2)" in done.stdout.decode()
+
+
+def _as_vllms(handle: Handle, expected: dict[str, Any]) -> str:
+    """Its text, once its tokens, text and stream are vLLM's own ``expected``."""
+    result = handle.result(timeout=RESULT_TIMEOUT_S)
+    assert result.error is None, result.error
+    assert list(result.token_ids) == expected["token_ids"]
+    assert result.text == expected["text"]
+    assert _streamed(handle)[:2] == (list(result.token_ids), result.text)
+    return result.text
+
+
+def test_a_json_schema_request_gives_json_valid_against_it_as_vllms_own(
+    client: Client, feature_reference: list[dict[str, Any]]
+) -> None:
+    handle = client.submit(model=DEFAULT_MODEL, **JSON_CASE, guided_json=PERSON)
+    text = _as_vllms(handle, feature_reference[0])
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_a_regex_request_matches_it_as_vllms_own(
+    client: Client, feature_reference: list[dict[str, Any]]
+) -> None:
+    handle = client.submit(model=DEFAULT_MODEL, **REGEX_CASE, guided_regex=ANSWER)
+    assert re.fullmatch(ANSWER, _as_vllms(handle, feature_reference[1]))
+
+
+def _register(stack: VllmStack, name: str, path: str, rank: int) -> None:
+    keys = Keys(get_settings().namespace)
+    record = LoraAdapter(name=name, model=DEFAULT_MODEL, path=path, rank=rank)
+    with redis.Redis.from_url(stack.redis_url) as connection:
+        register_lora(connection, keys, record)
+
+
+def test_a_lora_adapter_changes_the_output_as_vllms_own_lora_does(
+    vllm_stack: VllmStack, client: Client, adapter: Path, feature_reference: list[dict[str, Any]]
+) -> None:
+    base, adapted = feature_reference[2], feature_reference[3]
+    assert adapted["token_ids"] != base["token_ids"]  # the adapter changes this answer
+    _register(vllm_stack, ADAPTER.name, str(adapter), ADAPTER.rank)
+    with_it = client.submit(model=DEFAULT_MODEL, **SEA_CASE, lora=ADAPTER.name)
+    without = client.submit(model=DEFAULT_MODEL, **SEA_CASE)
+    _as_vllms(with_it, adapted)
+    _as_vllms(without, base)
+    keys = Keys(get_settings().namespace)
+    with redis.Redis.from_url(vllm_stack.redis_url, decode_responses=True) as connection:
+        (worker_id,) = connection.zrange(keys.workers(), 0, -1)
+
+        def shown() -> dict[str, str]:
+            fields: dict[str, str] = connection.hgetall(keys.worker(worker_id))
+            return fields
+
+        _wait_for(lambda: ADAPTER.name in shown().get("loras", "").split(","), "adapter", 60)
+        assert int(shown()["max_lora_rank"]) == MAX_LORA_RANK
+
+
+def test_an_adapter_vllm_cannot_load_is_refused_by_name_and_the_worker_lives(
+    vllm_stack: VllmStack, client: Client, tmp_path: Path
+) -> None:
+    (tmp_path / "adapter_config.json").write_text("{}")  # no weights, no rank
+    _register(vllm_stack, "broken", str(tmp_path), 1)
+    result = client.submit(model=DEFAULT_MODEL, **SEA_CASE, lora="broken").result(timeout=300)
+    assert result.finish_reason.value == "error"
+    assert result.refusal is not None and result.refusal.param == "lora", result.error
+    fine = client.submit(model=DEFAULT_MODEL, prompt="Hello", max_tokens=4).result(timeout=300)
+    assert fine.error is None and vllm_stack.alive()

@@ -24,19 +24,31 @@ from producer.embedded import EmbeddedRedis
 from shared.limits import registered_limits
 from shared.settings import DEFAULT_MODEL
 from tests.producer.gateway.process import started_gateway
+from worker.vllm_engine.config import DEFAULT_ENGINE_ARGS
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm"
 REFERENCE_SCRIPT = REPO / "bench" / "vllm_generate.py"
 # The engine arguments the worker and the reference share: a small batch, so that
 # requests queue inside vLLM; float32, the checkpoint's dtype; eager, so that a test run
-# starts in under a minute rather than compiling for several (bench/ runs it compiled).
+# starts in under a minute rather than compiling for several (bench/ runs it compiled);
+# LoRA on, for the adapter tests (requests without one run as without it).
 MAX_NUM_SEQS = 8
+MAX_LORA_RANK = 8
 ENGINE_ARGS: dict[str, Any] = {
     "max_model_len": 2048,
     "max_num_seqs": MAX_NUM_SEQS,
     "dtype": "float32",
     "enforce_eager": True,
+    "enable_lora": True,
+    "max_loras": 2,
+    "max_lora_rank": MAX_LORA_RANK,
+}
+# What the worker sets itself and the reference must set too: structured outputs as the
+# worker makes them (its default engine arguments).
+REFERENCE_ARGS = {
+    "structured_outputs_config": DEFAULT_ENGINE_ARGS["structured_outputs_config"],
+    **ENGINE_ARGS,
 }
 # Little memory: other tests and helpers share this machine.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -125,11 +137,12 @@ def stop(worker: subprocess.Popen[bytes]) -> None:
 
 def vllm_reference(model_dir: Path, cases: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
     """vLLM's own ``LLM.generate`` on ``cases`` (``bench/vllm_generate.py``, in .venv-vllm),
-    with the worker's engine arguments: per case its tokens, text, logprobs and finish."""
+    with the worker's engine arguments: per case its tokens, text, logprobs and finish
+    (a case may name an adapter and structured outputs, as that script reads them)."""
     python = vllm_bin("python")
     cases_path, out_path = tmp / "cases.jsonl", tmp / "reference.json"
     cases_path.write_text("".join(json.dumps(case) + "\n" for case in cases))
-    pairs = [f"{key}={json.dumps(value)}" for key, value in ENGINE_ARGS.items()]
+    pairs = [f"{key}={json.dumps(value)}" for key, value in REFERENCE_ARGS.items()]
     cmd = [str(python), str(REFERENCE_SCRIPT), str(model_dir), str(cases_path), str(out_path)]
     done = subprocess.run(
         [*cmd, *pairs],

@@ -22,13 +22,14 @@ from typing import Any
 
 from transformers import AutoTokenizer, GenerationConfig
 from vllm import EngineArgs, SamplingParams, TokensPrompt
-from vllm.sampling_params import RequestOutputKind
+from vllm.config import StructuredOutputsConfig
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.llm_engine import LLMEngine
 
 from shared.limits import ModelLimits
 from shared.models import FinishReason
-from shared.refusal import invalid, too_long
+from shared.refusal import RequestRefused, invalid, too_long
 from worker.engine.errors import ModelLoadError
 from worker.engine.outputs import RequestOutput
 from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
@@ -36,14 +37,17 @@ from worker.engine.request import EngineRequest, Sequence
 from worker.engine.runner_support import eos_token_ids
 from worker.engine.token_output import TokenOutputs
 from worker.engine_like import EngineGone
+from worker.vllm_engine.adapters import Adapters
 from worker.vllm_engine.config import VllmEngineConfig
 from worker.vllm_engine.figures import Figures
 from worker.vllm_engine.guard import start_guard
 from worker.vllm_engine.mapping import (
     FINISH_REASONS,
+    guide_name,
     logprob_entry,
     refuse_unmapped,
     sampling_kwargs,
+    structured_outputs,
     vllm_priority,
 )
 
@@ -75,6 +79,7 @@ class VllmEngine(TokenizerPrompts):
         self.model_config = vllm_config.model_config
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
         self.config = replace(config, max_num_seqs=self.max_num_seqs)
+        self.adapters = Adapters(self.llm, vllm_config.lora_config)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_config.tokenizer)
         self.max_model_len: int = self.model_config.max_model_len
         self.vocab_size: int = self.model_config.get_vocab_size()
@@ -117,10 +122,12 @@ class VllmEngine(TokenizerPrompts):
         return max_bytes_per_token(self.tokenizer)
 
     def lora_rank_limit(self) -> int:
-        return 0
+        """The largest adapter rank vLLM takes, 0 when started without LoRA: the worker
+        claims only the adapter requests within it."""
+        return self.adapters.max_lora_rank
 
     def resident_loras(self) -> list[str]:
-        return []
+        return self.adapters.resident()
 
     def warm_fingerprints(self, limit: int) -> list[str]:
         """The prefix fingerprints of the prompts it served, newest first: vLLM's prefix
@@ -151,21 +158,36 @@ class VllmEngine(TokenizerPrompts):
         prompt = TokensPrompt(prompt_token_ids=list(seq.token_ids))  # prompt and kept tokens
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt.hex()
-        params = SamplingParams(**sampling_kwargs(req), output_kind=RequestOutputKind.DELTA)
+        guide = structured_outputs(req.sampling)
+        params = SamplingParams(
+            **sampling_kwargs(req),
+            structured_outputs=None if guide is None else StructuredOutputsParams(**guide),
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            lora_request = self.adapters.request(req.lora)
+        except RequestRefused:
+            self._forget(req.request_id)
+            raise
         try:
             self.llm.add_request(
-                req.request_id, prompt, params, priority=vllm_priority(req.priority)
+                req.request_id,
+                prompt,
+                params,
+                lora_request=lora_request,
+                priority=vllm_priority(req.priority),
             )
         except ValueError as e:  # vLLM's own checks: the request's fault
             self._forget(req.request_id)
-            raise invalid(None, f"vLLM refused the request: {e}") from e
+            # What tokenq has not checked itself, before: the grammar vLLM compiles.
+            raise invalid(guide_name(req.sampling), f"vLLM refused the request: {e}") from e
 
     def _validate(self, req: EngineRequest) -> None:
         if not req.prompt_token_ids:
             raise invalid("prompt", "prompt: it has no tokens")
         if req.request_id in self._live:
             raise ValueError(f"request {req.request_id} is already in the engine")
-        refuse_unmapped(req)
+        refuse_unmapped(req, serves_lora=self.adapters.max_loras > 0)
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
         if num_needed > self.max_model_len:
             param = "prompt" if len(req.prompt_token_ids) >= self.max_model_len else "max_tokens"
@@ -281,11 +303,21 @@ class VllmEngine(TokenizerPrompts):
 def _start(config: VllmEngineConfig, figures: Figures) -> Any:
     """vLLM's engine; ModelLoadError (one line: what vLLM said) when it will not start."""
     try:
-        args = EngineArgs(model=config.model, **config.engine_args)
+        args = EngineArgs(model=config.model, **_engine_args(config))
         return LLMEngine.from_engine_args(args, stat_loggers=[figures.factory])
     except (ValueError, TypeError, RuntimeError) as e:  # its config checks, a bad value
         said = " ".join(str(e).split())
         raise ModelLoadError(f"vLLM could not start {config.model}: {said}") from e
+
+
+def _engine_args(config: VllmEngineConfig) -> dict[str, Any]:
+    """The engine arguments, a nested config given as a mapping as vLLM's own (EngineArgs
+    converts most of them itself, but not this one)."""
+    args = dict(config.engine_args)
+    structured = args.get("structured_outputs_config")
+    if isinstance(structured, dict):
+        args["structured_outputs_config"] = StructuredOutputsConfig(**structured)
+    return args
 
 
 def _eos_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:

@@ -7,14 +7,17 @@ from typing import Any
 
 import pytest
 
-from shared.models import SamplingParams
+from shared.models import GUIDES, SamplingParams
 from shared.refusal import RequestRefused
 from tests.worker.engine.factories import make_request
 from worker.engine.request import LoraRef
 from worker.vllm_engine.mapping import (
+    STRUCTURED_OUTPUTS,
+    LoraIds,
     logprob_entry,
     refuse_unmapped,
     sampling_kwargs,
+    structured_outputs,
     vllm_priority,
 )
 
@@ -80,17 +83,56 @@ def test_a_higher_tokenq_priority_is_a_lower_vllm_value() -> None:
     ("kwargs", "param"),
     [
         ({"task": "embed"}, "task"),
-        ({"lora": LoraRef("a", "/adapters/a")}, "lora"),
+        ({"lora": LoraRef("a", "/adapters/a")}, "lora"),  # a worker started without LoRA
         ({"sampling": SamplingParams(prompt_logprobs=1)}, "prompt_logprobs"),
         ({"sampling": SamplingParams(max_tokens=0, prompt_logprobs=0)}, "prompt_logprobs"),
-        ({"sampling": SamplingParams(guided_json={"type": "object"})}, "guided_json"),
-        ({"sampling": SamplingParams(guided_regex="[a-z]+")}, "guided_regex"),
+        (
+            {"sampling": SamplingParams(guided_regex="[a-z]+"), "output_token_ids": [7]},
+            "guided_regex",
+        ),
     ],
 )
 def test_what_does_not_map_is_refused_by_name(kwargs: dict[str, Any], param: str) -> None:
     with pytest.raises(RequestRefused) as refused:
-        refuse_unmapped(make_request([1, 2], **kwargs))
+        refuse_unmapped(make_request([1, 2], **kwargs), serves_lora=False)
     assert refused.value.refusal.param == param
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lora": LoraRef("a", "/adapters/a")},
+        {"sampling": SamplingParams(guided_json={"type": "object"})},
+        {"sampling": SamplingParams(guided_regex="[a-z]+")},
+        {"sampling": SamplingParams(guided_structural_tag={"type": "structural_tag"})},
+    ],
+)
+def test_structured_outputs_and_adapters_map(kwargs: dict[str, Any]) -> None:
+    refuse_unmapped(make_request([1, 2], **kwargs), serves_lora=True)
+
+
+def test_every_guide_maps_to_vllms_structured_outputs() -> None:
+    assert set(STRUCTURED_OUTPUTS) == set(GUIDES)
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {}}}
+    assert structured_outputs(SamplingParams(guided_json=schema)) == {
+        "json": '{"type":"object","properties":{"b":{"type":"integer"},"a":{}}}'  # unsorted
+    }
+    assert structured_outputs(SamplingParams(guided_json={})) == {"json": "{}"}  # any JSON
+    assert structured_outputs(SamplingParams(guided_regex="a|b")) == {"regex": "a|b"}
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}
+    assert structured_outputs(SamplingParams(guided_structural_tag=tag)) == {
+        "structural_tag": '{"type":"structural_tag","format":{"type":"const_string","value":"x"}}'
+    }
+    assert structured_outputs(SamplingParams()) is None
+
+
+def test_each_adapter_at_each_path_has_its_own_vllm_id() -> None:
+    ids = LoraIds()
+    first = ids.id_of(LoraRef("a", "/adapters/a"))
+    assert first >= 1  # vLLM refuses 0
+    assert ids.id_of(LoraRef("a", "/adapters/a")) == first
+    others = ids.id_of(LoraRef("b", "/adapters/b")), ids.id_of(LoraRef("a", "/v2/a"))
+    assert len({first, *others}) == 3
 
 
 def test_logprobs_keep_the_chosen_token_and_the_top_in_rank_order() -> None:
