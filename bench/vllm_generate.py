@@ -7,9 +7,9 @@ alone" of ``bench/through_redis.py --engine vllm``. Run it in ``.venv-vllm``.
 ``lora``, an adapter's ``name`` and ``path``, runs the case with that ``LoRARequest``),
 renders each prompt as a tokenq worker does (the same chat template through the same
 tokenizer), runs them all through ``vllm.LLM.generate`` and writes, per case, its
-prompt's ids, the tokens, text, chosen-token logprobs and finish reason, with the
-seconds start-up and generation took. Engine arguments come as ``KEY=VALUE`` after the
-paths (JSON values), the same the worker under test is given.
+prompt's ids, the tokens, text, chosen-token logprobs, finish reason and prompt
+logprobs, with the seconds start-up and generation took. Engine arguments come as
+``KEY=VALUE`` after the paths (JSON values), the same the worker under test is given.
 """
 
 from __future__ import annotations
@@ -58,14 +58,13 @@ def main(model_dir: str, cases_path: str, out_path: str, pairs: list[str]) -> No
     started = time.monotonic()
     outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
     generate_s = time.monotonic() - started
-    results = [
-        _result(p["prompt_token_ids"], o.outputs[0]) for p, o in zip(prompts, outputs, strict=True)
-    ]
+    results = [_result(p["prompt_token_ids"], o) for p, o in zip(prompts, outputs, strict=True)]
     with open(out_path, "w") as out:
         json.dump({"startup_s": startup_s, "generate_s": generate_s, "results": results}, out)
 
 
-def _result(prompt_token_ids: list[int], completion: Any) -> dict[str, Any]:
+def _result(prompt_token_ids: list[int], output: Any) -> dict[str, Any]:
+    completion = output.outputs[0]
     chosen = None
     if completion.logprobs is not None:
         chosen = [
@@ -78,7 +77,18 @@ def _result(prompt_token_ids: list[int], completion: Any) -> dict[str, Any]:
         "text": completion.text,
         "logprobs": chosen,
         "finish_reason": completion.finish_reason,
+        "prompt_logprobs": _prompt_logprobs(prompt_token_ids, output.prompt_logprobs),
     }
+
+
+def _prompt_logprobs(prompt_token_ids: list[int], scores: Any) -> list[float | None] | None:
+    """Each prompt token's logprob (the first's None), when the case asked for them."""
+    if scores is None:
+        return None
+    return [
+        None if entry is None else entry[t].logprob
+        for t, entry in zip(prompt_token_ids, scores, strict=True)
+    ]
 
 
 if __name__ == "__main__":

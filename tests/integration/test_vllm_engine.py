@@ -20,11 +20,9 @@ import redis
 from producer.client import Client, Handle
 from producer.embedded import EmbeddedRedis
 from shared.keys import Keys
-from shared.loras import register_lora
-from shared.models import FinalEvent, LoraAdapter, RequestState, TokenEvent
+from shared.models import FinalEvent, RequestState, TokenEvent
 from shared.settings import DEFAULT_MODEL, get_settings
 from tests.integration.vllm_stack import (
-    MAX_LORA_RANK,
     MAX_NUM_SEQS,
     REPO,
     VLLM_ENV,
@@ -33,7 +31,6 @@ from tests.integration.vllm_stack import (
     vllm_bin,
     vllm_reference,
 )
-from tests.lora_adapters import SPECS, make_adapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -105,8 +102,8 @@ def _streamed(handle: Handle) -> tuple[list[int], str, list[float], FinalEvent]:
     pytest.fail(f"the stream of {handle.id} ended without a final event")
 
 
-# Structured outputs and a LoRA adapter, against vLLM's own with the same constraint or
-# adapter (``feature_reference``, in this order).
+# Structured outputs and prompt logprobs, against vLLM's own (``feature_reference``, in
+# this order).
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
@@ -124,30 +121,25 @@ REGEX_CASE: dict[str, Any] = {
     "max_tokens": 40,
     "temperature": 0.0,
 }
-SEA_CASE: dict[str, Any] = {
-    "messages": [{"role": "user", "content": "Write one line about the sea."}],
-    "max_tokens": 12,
+SCORED = "The capital of France is Paris. The capital of Italy is Rome."
+SCORED_CASE: dict[str, Any] = {
+    "prompt": SCORED,
+    "max_tokens": 4,
     "temperature": 0.0,
+    "prompt_logprobs": 2,
 }
-ADAPTER = SPECS[1]  # rank 4: within the worker's MAX_LORA_RANK; changes SEA_CASE's answer
-
-
-@pytest.fixture(scope="session")
-def adapter(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
-    return make_adapter(str(default_model_dir), ADAPTER, tmp_path_factory.mktemp("vllm-loras"))
 
 
 @pytest.fixture(scope="session")
 def feature_reference(
-    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path, adapter: Path
+    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
 ) -> list[dict[str, Any]]:
-    """vLLM's own answers: JSON_CASE under PERSON, REGEX_CASE under ANSWER, SEA_CASE
-    without and then with the adapter."""
+    """vLLM's own answers: JSON_CASE under PERSON, REGEX_CASE under ANSWER, SCORED_CASE
+    with its prompt logprobs."""
     cases = [
         {**JSON_CASE, "structured_outputs": {"json": PERSON}},
         {**REGEX_CASE, "structured_outputs": {"regex": ANSWER}},
-        SEA_CASE,
-        {**SEA_CASE, "lora": {"name": ADAPTER.name, "path": str(adapter)}},
+        SCORED_CASE,
     ]
     return vllm_reference(default_model_dir, cases, tmp_path_factory.mktemp("vllm-features"))
 
@@ -291,28 +283,20 @@ def test_hostile_requests_get_a_4xx_naming_the_field_and_the_worker_lives(
     assert vllm_stack.alive()
 
 
-@pytest.mark.parametrize(
-    ("body", "field"),
-    [
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
-        ({"echo": True, "logprobs": 1, "max_tokens": 0}, "prompt_logprobs"),
-    ],
-)
-def test_features_it_does_not_map_are_refused_at_submit_by_name(
-    vllm_stack: VllmStack, body: dict[str, Any], field: str
-) -> None:
-    request = {"model": DEFAULT_MODEL, "prompt": "Hello", "max_tokens": 4, **body}
-    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/completions", json=request, timeout=60)
-    assert reply.status_code == 400, reply.text
-    assert reply.json()["error"]["param"] == field
+def test_embeddings_are_refused_at_submit_by_name(vllm_stack: VllmStack) -> None:
+    body = {"model": DEFAULT_MODEL, "input": "Hello"}
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/embeddings", json=body, timeout=60)
+    assert 400 <= reply.status_code < 500, reply.text
+    assert "embed" in reply.text
     assert vllm_stack.alive()
 
 
 def test_json_object_through_the_gateway_is_a_json_object(vllm_stack: VllmStack) -> None:
     body = {
         "model": DEFAULT_MODEL,
-        "messages": [{"role": "user", "content": "Describe the ocean as JSON."}],
+        "messages": [{"role": "user", "content": "Describe a person as JSON."}],
         "max_tokens": 200,
+        "temperature": 0.0,
         "response_format": {"type": "json_object"},
     }
     reply = httpx.post(f"{vllm_stack.gateway_url}/v1/chat/completions", json=body, timeout=300)
@@ -421,42 +405,34 @@ def test_a_regex_request_matches_it_as_vllms_own(
     assert re.fullmatch(ANSWER, _as_vllms(handle, feature_reference[1]))
 
 
-def _register(stack: VllmStack, name: str, path: str, rank: int) -> None:
-    keys = Keys(get_settings().namespace)
-    record = LoraAdapter(name=name, model=DEFAULT_MODEL, path=path, rank=rank)
-    with redis.Redis.from_url(stack.redis_url) as connection:
-        register_lora(connection, keys, record)
-
-
-def test_a_lora_adapter_changes_the_output_as_vllms_own_lora_does(
-    vllm_stack: VllmStack, client: Client, adapter: Path, feature_reference: list[dict[str, Any]]
+def test_prompt_logprobs_are_vllms_own_in_tokenqs_entries(
+    client: Client, feature_reference: list[dict[str, Any]]
 ) -> None:
-    base, adapted = feature_reference[2], feature_reference[3]
-    assert adapted["token_ids"] != base["token_ids"]  # the adapter changes this answer
-    _register(vllm_stack, ADAPTER.name, str(adapter), ADAPTER.rank)
-    with_it = client.submit(model=DEFAULT_MODEL, **SEA_CASE, lora=ADAPTER.name)
-    without = client.submit(model=DEFAULT_MODEL, **SEA_CASE)
-    _as_vllms(with_it, adapted)
-    _as_vllms(without, base)
-    keys = Keys(get_settings().namespace)
-    with redis.Redis.from_url(vllm_stack.redis_url, decode_responses=True) as connection:
-        (worker_id,) = connection.zrange(keys.workers(), 0, -1)
-
-        def shown() -> dict[str, str]:
-            fields: dict[str, str] = connection.hgetall(keys.worker(worker_id))
-            return fields
-
-        _wait_for(lambda: ADAPTER.name in shown().get("loras", "").split(","), "adapter", 60)
-        assert int(shown()["max_lora_rank"]) == MAX_LORA_RANK
+    expected = feature_reference[2]
+    handle = client.submit(model=DEFAULT_MODEL, **SCORED_CASE)
+    _as_vllms(handle, expected)
+    entries = handle.result(timeout=RESULT_TIMEOUT_S).prompt_logprobs
+    assert entries is not None
+    assert [e["token_id"] for e in entries] == expected["prompt_token_ids"]
+    assert entries[0]["logprob"] is None
+    chosen = [e["logprob"] for e in entries[1:]]
+    assert chosen == pytest.approx(expected["prompt_logprobs"][1:], abs=1e-4)
+    for entry in entries[1:]:
+        assert entry["rank"] >= 1 and len(entry["top"]) == 2 and entry["token"]
+        tops = [t["logprob"] for t in entry["top"]]
+        assert tops == sorted(tops, reverse=True) and tops[0] >= entry["logprob"] - 1e-6
 
 
-def test_an_adapter_vllm_cannot_load_is_refused_by_name_and_the_worker_lives(
-    vllm_stack: VllmStack, client: Client, tmp_path: Path
+def test_echo_with_logprobs_and_no_tokens_scores_the_prompt(
+    vllm_stack: VllmStack, feature_reference: list[dict[str, Any]]
 ) -> None:
-    (tmp_path / "adapter_config.json").write_text("{}")  # no weights, no rank
-    _register(vllm_stack, "broken", str(tmp_path), 1)
-    result = client.submit(model=DEFAULT_MODEL, **SEA_CASE, lora="broken").result(timeout=300)
-    assert result.finish_reason.value == "error"
-    assert result.refusal is not None and result.refusal.param == "lora", result.error
-    fine = client.submit(model=DEFAULT_MODEL, prompt="Hello", max_tokens=4).result(timeout=300)
-    assert fine.error is None and vllm_stack.alive()
+    expected = feature_reference[2]["prompt_logprobs"]
+    body = {"model": DEFAULT_MODEL, "prompt": SCORED, "echo": True, "logprobs": 1, "max_tokens": 0}
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["text"] == SCORED and choice["finish_reason"] == "length"
+    assert reply.json()["usage"]["completion_tokens"] == 0
+    token_logprobs = choice["logprobs"]["token_logprobs"]
+    assert token_logprobs[0] is None and len(token_logprobs) == len(expected)
+    assert token_logprobs[1:] == pytest.approx(expected[1:], abs=1e-4)

@@ -32,6 +32,7 @@ from shared.models import FinishReason
 from shared.refusal import RequestRefused, invalid, too_long
 from worker.engine.errors import ModelLoadError
 from worker.engine.outputs import RequestOutput
+from worker.engine.prompt_logprobs import check_prompt_length
 from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
 from worker.engine.request import EngineRequest, Sequence
 from worker.engine.runner_support import eos_token_ids
@@ -45,6 +46,7 @@ from worker.vllm_engine.mapping import (
     FINISH_REASONS,
     guide_name,
     logprob_entry,
+    prompt_logprob_entries,
     refuse_unmapped,
     sampling_kwargs,
     structured_outputs,
@@ -66,6 +68,8 @@ class Live:
 
     seq: Sequence
     in_vllm: bool = True
+    # With sampling.prompt_logprobs: tokenq's entries, from vLLM's first output.
+    prompt_logprobs: list[dict[str, Any]] | None = None
 
 
 class VllmEngine(TokenizerPrompts):
@@ -113,7 +117,8 @@ class VllmEngine(TokenizerPrompts):
             max_model_len=self.max_model_len,
             embedding_size=None,
             guided=guided,
-            prompt_scores=False,  # refused at submit (``mapping.refuse_unmapped`` here too)
+            # vLLM's prompt_logprobs (``mapping.prompt_logprob_entries``), but with LoRA
+            prompt_scores=self.adapters.max_loras == 0,
             max_bytes_per_token=self._max_bytes_per_token,
         )
 
@@ -148,7 +153,8 @@ class VllmEngine(TokenizerPrompts):
             self._warm.move_to_end(fingerprint)
         while len(self._warm) > MAX_WARM:
             self._warm.popitem(last=False)
-        if seq.num_output_tokens >= req.sampling.max_tokens:  # resumed with all it may have
+        max_tokens = req.sampling.max_tokens
+        if max_tokens and seq.num_output_tokens >= max_tokens:  # resumed with all it may have
             self._live[req.request_id].in_vllm = False
             self._pending_finish[req.request_id] = FinishReason.LENGTH
             return
@@ -188,6 +194,7 @@ class VllmEngine(TokenizerPrompts):
         if req.request_id in self._live:
             raise ValueError(f"request {req.request_id} is already in the engine")
         refuse_unmapped(req, serves_lora=self.adapters.max_loras > 0)
+        check_prompt_length(req)  # prompt_logprobs' bound, as the built-in engine's
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
         if num_needed > self.max_model_len:
             param = "prompt" if len(req.prompt_token_ids) >= self.max_model_len else "max_tokens"
@@ -269,6 +276,21 @@ class VllmEngine(TokenizerPrompts):
             return None
         completion = vllm_out.outputs[0]
         seq, num_top = live.seq, live.seq.sampling.logprobs or 0
+        if vllm_out.finished:
+            live.in_vllm = False
+        if vllm_out.prompt_logprobs and seq.sampling.prompt_logprobs is not None:
+            try:
+                live.prompt_logprobs = prompt_logprob_entries(
+                    seq.request.prompt_token_ids,
+                    vllm_out.prompt_logprobs,
+                    seq.sampling.prompt_logprobs,
+                    self.outputs.token_names,
+                )
+            except ValueError as e:  # never given with a gap
+                return replace(self._end(vllm_out.request_id, FinishReason.ERROR), error=str(e))
+        if seq.sampling.max_tokens == 0:  # the prompt scored: vLLM's one token is dropped
+            return self._ended(vllm_out, RequestOutput.ended(
+                vllm_out.request_id, FinishReason.LENGTH, seq.num_prompt_tokens, 0))  # fmt: skip
         merged: RequestOutput | None = None
         for at, token_id in enumerate(completion.token_ids):
             seq.token_ids.append(token_id)
@@ -279,17 +301,18 @@ class VllmEngine(TokenizerPrompts):
             merged = out if merged is None else _merged(merged, out)
             if out.finish_reason is not None:
                 break
-        if vllm_out.finished:
-            live.in_vllm = False
         if merged is not None and merged.finish_reason is not None:
             return self._ended(vllm_out, merged)
         if vllm_out.finished:  # vLLM ended it for a reason tokenq's checks did not see
             reason = FINISH_REASONS.get(completion.finish_reason or "", FinishReason.ERROR)
             end = self._end(vllm_out.request_id, reason)
-            return end if merged is None else _merged(merged, end)
+            end = end if merged is None else _merged(merged, end)
+            end.prompt_logprobs = live.prompt_logprobs
+            return end
         return merged
 
     def _ended(self, vllm_out: Any, out: RequestOutput) -> RequestOutput:
+        out.prompt_logprobs = self._live[vllm_out.request_id].prompt_logprobs
         self._forget(vllm_out.request_id)
         out.num_prefix_queried_tokens = len(vllm_out.prompt_token_ids or ())
         out.num_prefix_hit_tokens = vllm_out.num_cached_tokens or 0

@@ -16,7 +16,7 @@ What does not map is refused by name (:func:`refuse_unmapped`), never dropped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -31,6 +31,11 @@ STRUCTURED_OUTPUTS = {
     "guided_regex": "regex",
     "guided_structural_tag": "structural_tag",
 }
+
+# Why a vLLM engine with LoRA on scores no prompt: vLLM 0.32's LoRA logits processor takes
+# one row per request, and prompt logprobs bring one per prompt token: its engine core
+# dies (vLLM issues 29955 and 16668).
+LORA_SCORES = "vLLM cannot score prompts while it serves LoRA adapters"
 
 # vLLM's finish reasons (``CompletionOutput.finish_reason``) as tokenq's.
 FINISH_REASONS = {
@@ -60,11 +65,10 @@ def refuse_unmapped(req: EngineRequest, serves_lora: bool) -> None:
         raise invalid(
             "lora", "lora: this vLLM worker serves no LoRA adapters (start it with --enable-lora)"
         )
-    if sampling.prompt_logprobs is not None:
+    if sampling.prompt_logprobs is not None and serves_lora:
         raise invalid(
             "prompt_logprobs",
-            "prompt_logprobs: the vLLM engine does not score prompts yet (nor echo, nor "
-            "max_tokens 0); ask a built-in worker",
+            f"prompt_logprobs: {LORA_SCORES}; ask a worker started without --enable-lora",
         )
     guide = guide_name(sampling)
     if guide is not None and req.output_token_ids:
@@ -110,7 +114,8 @@ def sampling_kwargs(req: EngineRequest) -> dict[str, Any]:
     s = req.sampling
     num_kept = len(req.output_token_ids)
     return {
-        "max_tokens": s.max_tokens - num_kept,
+        # max_tokens 0 scores the prompt alone: vLLM makes one token, which is dropped.
+        "max_tokens": max(1, s.max_tokens - num_kept),
         "min_tokens": max(0, s.min_tokens - num_kept),
         "temperature": s.temperature,
         "top_p": s.top_p,
@@ -124,6 +129,7 @@ def sampling_kwargs(req: EngineRequest) -> dict[str, Any]:
         "stop_token_ids": list(s.stop_token_ids),
         "ignore_eos": s.ignore_eos,
         "logprobs": s.logprobs,
+        "prompt_logprobs": s.prompt_logprobs,
         "detokenize": False,  # tokenq's own detokenizer and stop strings (module docs)
     }
 
@@ -143,3 +149,37 @@ def logprob_entry(token_id: int, entry: Mapping[int, Logprob], num_top: int) -> 
     )
     top = [{"token_id": tid, "logprob": value} for _, tid, value in ranked[:num_top]]
     return {"token_id": token_id, "logprob": entry[token_id].logprob, "top": top}
+
+
+def prompt_logprob_entries(
+    prompt_token_ids: Sequence[int],
+    scores: Sequence[Mapping[int, Logprob] | None],
+    num_top: int,
+    names: Mapping[int, tuple[str, list[int] | None]],
+) -> list[dict[str, Any]]:
+    """vLLM's prompt logprobs as tokenq's entries, one per token of ``prompt_token_ids``
+    (the first's logprob None), each with its rank and ``num_top`` alternatives, named
+    (``names``: ``worker.engine.detokenizer.TokenNames``) as the built-in's are. vLLM
+    scored the prompt and any tokens a resumed request kept: those are left out."""
+    num_prompt = len(prompt_token_ids)
+    given = [scored for scored in scores[1:num_prompt] if scored is not None]
+    if len(given) != num_prompt - 1:
+        raise ValueError(f"vLLM's prompt logprobs do not cover the {num_prompt} prompt tokens")
+    first: dict[str, Any] = {"token_id": prompt_token_ids[0], "logprob": None, "top": []}
+    entries = [first]
+    for token_id, scored in zip(prompt_token_ids[1:], given, strict=True):
+        entry = logprob_entry(token_id, scored, num_top)
+        entry["rank"] = scored[token_id].rank
+        entries.append(entry)
+    return [_named(entry, names) for entry in entries]
+
+
+def _named(
+    entry: dict[str, Any], names: Mapping[int, tuple[str, list[int] | None]]
+) -> dict[str, Any]:
+    for item in (entry, *entry["top"]):
+        text, raw = names[int(item["token_id"])]
+        item["token"] = text
+        if raw is not None:
+            item["bytes"] = raw
+    return entry
