@@ -17,25 +17,20 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
-from types import SimpleNamespace
 from typing import Any
 
-from transformers import AutoTokenizer, GenerationConfig
-from vllm import EngineArgs, SamplingParams, TokensPrompt
-from vllm.config import StructuredOutputsConfig
+from transformers import AutoTokenizer
+from vllm import SamplingParams, TokensPrompt
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.engine.llm_engine import LLMEngine
 
 from shared.limits import ModelLimits
 from shared.models import FinishReason
 from shared.refusal import RequestRefused, invalid, too_long
-from worker.engine.errors import ModelLoadError
 from worker.engine.outputs import RequestOutput
 from worker.engine.prompt_logprobs import check_prompt_length
 from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
 from worker.engine.request import EngineRequest, Sequence
-from worker.engine.runner_support import eos_token_ids
 from worker.engine.token_output import TokenOutputs
 from worker.engine_like import EngineGone
 from worker.vllm_engine.adapters import Adapters
@@ -52,6 +47,7 @@ from worker.vllm_engine.mapping import (
     structured_outputs,
     vllm_priority,
 )
+from worker.vllm_engine.startup import eos_token_ids_of, start_engine
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +74,7 @@ class VllmEngine(TokenizerPrompts):
     def __init__(self, config: VllmEngineConfig) -> None:
         self.figures = Figures()
         self.guard = start_guard()  # vLLM's processes die with the worker, even by SIGKILL
-        self.llm = _start(config, self.figures)
+        self.llm = start_engine(config, self.figures)
         vllm_config = self.llm.vllm_config
         self.model_config = vllm_config.model_config
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
@@ -91,7 +87,7 @@ class VllmEngine(TokenizerPrompts):
         self._kv_tokens = (vllm_config.cache_config.num_gpu_blocks or 0) * (
             vllm_config.cache_config.block_size
         )
-        eos = _eos_token_ids(self.model_config.model, self.tokenizer)
+        eos = eos_token_ids_of(self.model_config.model, self.tokenizer)
         self.outputs = TokenOutputs(self.tokenizer, eos, self.max_model_len)
         self._live: dict[str, Live] = {}
         self._pending_finish: dict[str, FinishReason] = {}
@@ -278,19 +274,9 @@ class VllmEngine(TokenizerPrompts):
         seq, num_top = live.seq, live.seq.sampling.logprobs or 0
         if vllm_out.finished:
             live.in_vllm = False
-        if vllm_out.prompt_logprobs and seq.sampling.prompt_logprobs is not None:
-            try:
-                live.prompt_logprobs = prompt_logprob_entries(
-                    seq.request.prompt_token_ids,
-                    vllm_out.prompt_logprobs,
-                    seq.sampling.prompt_logprobs,
-                    self.outputs.token_names,
-                )
-            except ValueError as e:  # never given with a gap
-                return replace(self._end(vllm_out.request_id, FinishReason.ERROR), error=str(e))
-        if seq.sampling.max_tokens == 0:  # the prompt scored: vLLM's one token is dropped
-            return self._ended(vllm_out, RequestOutput.ended(
-                vllm_out.request_id, FinishReason.LENGTH, seq.num_prompt_tokens, 0))  # fmt: skip
+        scored = self._prompt_scores(live, vllm_out)
+        if scored is not None:
+            return scored
         merged: RequestOutput | None = None
         for at, token_id in enumerate(completion.token_ids):
             seq.token_ids.append(token_id)
@@ -311,6 +297,26 @@ class VllmEngine(TokenizerPrompts):
             return end
         return merged
 
+    def _prompt_scores(self, live: Live, vllm_out: Any) -> RequestOutput | None:
+        """Keep the prompt logprobs vLLM gives with a request's first output; a request
+        that scores its prompt alone (max_tokens 0) ends here, vLLM's one token dropped."""
+        sampling = live.seq.sampling
+        if vllm_out.prompt_logprobs and sampling.prompt_logprobs is not None:
+            try:
+                live.prompt_logprobs = prompt_logprob_entries(
+                    live.seq.request.prompt_token_ids,
+                    vllm_out.prompt_logprobs,
+                    sampling.prompt_logprobs,
+                    self.outputs.token_names,
+                )
+            except ValueError as e:  # never given with a gap
+                return replace(self._end(vllm_out.request_id, FinishReason.ERROR), error=str(e))
+        if sampling.max_tokens != 0:
+            return None
+        num_prompt_tokens = live.seq.num_prompt_tokens
+        ended = RequestOutput.ended(vllm_out.request_id, FinishReason.LENGTH, num_prompt_tokens, 0)
+        return self._ended(vllm_out, ended)
+
     def _ended(self, vllm_out: Any, out: RequestOutput) -> RequestOutput:
         out.prompt_logprobs = self._live[vllm_out.request_id].prompt_logprobs
         self._forget(vllm_out.request_id)
@@ -321,36 +327,6 @@ class VllmEngine(TokenizerPrompts):
     def stats(self) -> dict[str, float]:
         """vLLM's figures for the worker's metrics and registry entry."""
         return self.figures.stats()
-
-
-def _start(config: VllmEngineConfig, figures: Figures) -> Any:
-    """vLLM's engine; ModelLoadError (one line: what vLLM said) when it will not start."""
-    try:
-        args = EngineArgs(model=config.model, **_engine_args(config))
-        return LLMEngine.from_engine_args(args, stat_loggers=[figures.factory])
-    except (ValueError, TypeError, RuntimeError) as e:  # its config checks, a bad value
-        said = " ".join(str(e).split())
-        raise ModelLoadError(f"vLLM could not start {config.model}: {said}") from e
-
-
-def _engine_args(config: VllmEngineConfig) -> dict[str, Any]:
-    """The engine arguments, a nested config given as a mapping as vLLM's own (EngineArgs
-    converts most of them itself, but not this one)."""
-    args = dict(config.engine_args)
-    structured = args.get("structured_outputs_config")
-    if isinstance(structured, dict):
-        args["structured_outputs_config"] = StructuredOutputsConfig(**structured)
-    return args
-
-
-def _eos_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
-    """The ids that end a request, as the built-in engine reads them (and vLLM does):
-    the generation config's, else the tokenizer's."""
-    try:
-        generation_config = GenerationConfig.from_pretrained(model)
-    except OSError:  # none: the tokenizer's
-        generation_config = None
-    return eos_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
 
 
 def _merged(first: RequestOutput, then: RequestOutput) -> RequestOutput:
