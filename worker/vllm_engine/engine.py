@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 from vllm import SamplingParams, TokensPrompt
+from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -179,7 +180,7 @@ class VllmEngine(TokenizerPrompts):
                 lora_request=lora_request,
                 priority=vllm_priority(req.priority),
             )
-        except ValueError as e:  # vLLM's own checks: the request's fault
+        except (ValueError, VLLMClientError) as e:  # vLLM's own checks: the request's fault
             self._forget(req.request_id)
             # What tokenq has not checked itself, before: the grammar vLLM compiles.
             raise invalid(guide_name(req.sampling), f"vLLM refused the request: {e}") from e
