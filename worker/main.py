@@ -81,6 +81,8 @@ VLLM_SHARED = (
     "enforce_eager",
     "quantization",
     "trust_remote_code",
+    "max_loras",  # with --enable-lora
+    "max_lora_rank",
 )
 
 
@@ -214,7 +216,7 @@ def serves_structured_outputs(config: EngineConfig | SimConfig | VllmEngineConfi
     if isinstance(config, SimConfig):
         return True  # a simulated model takes any request and ignores its grammar
     if isinstance(config, VllmEngineConfig):
-        return False  # not mapped yet (worker.vllm_engine.mapping): claims none
+        return True  # vLLM's structured outputs (worker.vllm_engine.mapping), its xgrammar
     from worker.engine.grammar import grammar_backend_problem
 
     problem = grammar_backend_problem()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 import redis
 
@@ -98,6 +100,48 @@ def _streamed(handle: Handle) -> tuple[list[int], str, list[float], FinalEvent]:
         elif isinstance(event, FinalEvent):
             return token_ids, "".join(texts), logprobs, event
     pytest.fail(f"the stream of {handle.id} ended without a final event")
+
+
+# Structured outputs and prompt logprobs, against vLLM's own (``feature_reference``, in
+# this order).
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+JSON_CASE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+    "max_tokens": 100,
+    "temperature": 0.0,
+}
+ANSWER = r"(yes|no), because [a-z ]{5,30}\."
+REGEX_CASE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Is the sea blue?"}],
+    "max_tokens": 40,
+    "temperature": 0.0,
+}
+SCORED = "The capital of France is Paris. The capital of Italy is Rome."
+SCORED_CASE: dict[str, Any] = {
+    "prompt": SCORED,
+    "max_tokens": 4,
+    "temperature": 0.0,
+    "prompt_logprobs": 2,
+}
+
+
+@pytest.fixture(scope="session")
+def feature_reference(
+    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
+) -> list[dict[str, Any]]:
+    """vLLM's own answers: JSON_CASE under PERSON, REGEX_CASE under ANSWER, SCORED_CASE
+    with its prompt logprobs."""
+    cases = [
+        {**JSON_CASE, "structured_outputs": {"json": PERSON}},
+        {**REGEX_CASE, "structured_outputs": {"regex": ANSWER}},
+        SCORED_CASE,
+    ]
+    return vllm_reference(default_model_dir, cases, tmp_path_factory.mktemp("vllm-features"))
 
 
 def test_greedy_tokens_through_redis_equal_vllm_generate(
@@ -221,6 +265,7 @@ def test_a_critical_request_behind_many_low_ones_starts_first(client: Client) ->
         ({"temperature": -1}, "temperature"),
         ({"stop_token_ids": [10**9]}, "stop_token_ids"),
         ({"top_p": 0}, "top_p"),
+        ({"guided_regex": "(unclosed"}, "guided_regex"),  # vLLM's grammar compiler refuses it
     ],
 )
 def test_hostile_requests_get_a_4xx_naming_the_field_and_the_worker_lives(
@@ -239,32 +284,37 @@ def test_hostile_requests_get_a_4xx_naming_the_field_and_the_worker_lives(
     assert vllm_stack.alive()
 
 
-@pytest.mark.parametrize(
-    ("body", "field"),
-    [
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
-        ({"echo": True, "logprobs": 1, "max_tokens": 0}, "prompt_logprobs"),
-    ],
-)
-def test_features_it_does_not_map_are_refused_at_submit_by_name(
-    vllm_stack: VllmStack, body: dict[str, Any], field: str
-) -> None:
-    request = {"model": DEFAULT_MODEL, "prompt": "Hello", "max_tokens": 4, **body}
-    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/completions", json=request, timeout=60)
-    assert reply.status_code == 400, reply.text
-    assert reply.json()["error"]["param"] == field
+def test_embeddings_are_refused_at_submit_by_name(vllm_stack: VllmStack) -> None:
+    body = {"model": DEFAULT_MODEL, "input": "Hello"}
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/embeddings", json=body, timeout=60)
+    assert 400 <= reply.status_code < 500, reply.text
+    assert "embed" in reply.text
     assert vllm_stack.alive()
 
 
-def test_structured_outputs_are_refused_at_submit(vllm_stack: VllmStack) -> None:
+def test_json_object_through_the_gateway_is_a_json_object(vllm_stack: VllmStack) -> None:
     body = {
         "model": DEFAULT_MODEL,
-        "messages": STORY,
-        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+        "max_tokens": 200,
+        "temperature": 0.0,
         "response_format": {"type": "json_object"},
     }
-    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/chat/completions", json=body, timeout=60)
-    assert 400 <= reply.status_code < 500 and "structured outputs" in reply.text
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/chat/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert isinstance(json.loads(choice["message"]["content"]), dict)
+
+
+def test_a_schema_structured_outputs_cannot_enforce_is_refused_at_submit(
+    vllm_stack: VllmStack,
+) -> None:
+    schema = {"type": "object", "not": {"required": ["a"]}}  # xgrammar ignores "not"
+    body = {"model": DEFAULT_MODEL, "prompt": "Hello", "max_tokens": 8, "guided_json": schema}
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "guided_json" and "'not'" in reply.text
 
 
 def test_the_registry_shows_vllms_figures(vllm_stack: VllmStack, client: Client) -> None:
@@ -329,3 +379,61 @@ def test_tensor_parallel_size_reaches_vllm(tmp_path: Path) -> None:
         server.stop()
     assert done.returncode == 1
     assert "must be divisible by tensor parallel size (2)" in done.stdout.decode()
+
+
+def _as_vllms(handle: Handle, expected: dict[str, Any]) -> str:
+    """Its text, once its tokens, text and stream are vLLM's own ``expected``."""
+    result = handle.result(timeout=RESULT_TIMEOUT_S)
+    assert result.error is None, result.error
+    assert list(result.token_ids) == expected["token_ids"]
+    assert result.text == expected["text"]
+    assert _streamed(handle)[:2] == (list(result.token_ids), result.text)
+    return result.text
+
+
+def test_a_json_schema_request_gives_json_valid_against_it_as_vllms_own(
+    client: Client, feature_reference: list[dict[str, Any]]
+) -> None:
+    handle = client.submit(model=DEFAULT_MODEL, **JSON_CASE, guided_json=PERSON)
+    text = _as_vllms(handle, feature_reference[0])
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_a_regex_request_matches_it_as_vllms_own(
+    client: Client, feature_reference: list[dict[str, Any]]
+) -> None:
+    handle = client.submit(model=DEFAULT_MODEL, **REGEX_CASE, guided_regex=ANSWER)
+    assert re.fullmatch(ANSWER, _as_vllms(handle, feature_reference[1]))
+
+
+def test_prompt_logprobs_are_vllms_own_in_tokenqs_entries(
+    client: Client, feature_reference: list[dict[str, Any]]
+) -> None:
+    expected = feature_reference[2]
+    handle = client.submit(model=DEFAULT_MODEL, **SCORED_CASE)
+    _as_vllms(handle, expected)
+    entries = handle.result(timeout=RESULT_TIMEOUT_S).prompt_logprobs
+    assert entries is not None
+    assert [e["token_id"] for e in entries] == expected["prompt_token_ids"]
+    assert entries[0]["logprob"] is None
+    chosen = [e["logprob"] for e in entries[1:]]
+    assert chosen == pytest.approx(expected["prompt_logprobs"][1:], abs=1e-4)
+    for entry in entries[1:]:
+        assert entry["rank"] >= 1 and len(entry["top"]) == 2 and entry["token"]
+        tops = [t["logprob"] for t in entry["top"]]
+        assert tops == sorted(tops, reverse=True) and tops[0] >= entry["logprob"] - 1e-6
+
+
+def test_echo_with_logprobs_and_no_tokens_scores_the_prompt(
+    vllm_stack: VllmStack, feature_reference: list[dict[str, Any]]
+) -> None:
+    expected = feature_reference[2]["prompt_logprobs"]
+    body = {"model": DEFAULT_MODEL, "prompt": SCORED, "echo": True, "logprobs": 1, "max_tokens": 0}
+    reply = httpx.post(f"{vllm_stack.gateway_url}/v1/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["text"] == SCORED and choice["finish_reason"] == "length"
+    assert reply.json()["usage"]["completion_tokens"] == 0
+    token_logprobs = choice["logprobs"]["token_logprobs"]
+    assert token_logprobs[0] is None and len(token_logprobs) == len(expected)
+    assert token_logprobs[1:] == pytest.approx(expected[1:], abs=1e-4)

@@ -24,6 +24,7 @@ from producer.embedded import EmbeddedRedis
 from shared.limits import registered_limits
 from shared.settings import DEFAULT_MODEL
 from tests.producer.gateway.process import started_gateway
+from worker.vllm_engine.config import DEFAULT_ENGINE_ARGS
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm"
@@ -38,6 +39,17 @@ ENGINE_ARGS: dict[str, Any] = {
     "dtype": "float32",
     "enforce_eager": True,
 }
+# The LoRA tests' worker: the same, with LoRA on (vLLM then scores no prompts).
+MAX_LORA_RANK = 8
+LORA_ENGINE_ARGS = {
+    **ENGINE_ARGS,
+    "enable_lora": True,
+    "max_loras": 2,
+    "max_lora_rank": MAX_LORA_RANK,
+}
+# What the worker sets itself and the reference must set too: structured outputs as the
+# worker makes them (its default engine arguments).
+REFERENCE_ONLY = {"structured_outputs_config": DEFAULT_ENGINE_ARGS["structured_outputs_config"]}
 # Little memory: other tests and helpers share this machine.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 START_TIMEOUT_S = 1200.0  # a first start compiles the model (minutes on two cores)
@@ -65,18 +77,18 @@ def vllm_bin(name: str) -> Path:
     return path
 
 
-def worker_args() -> list[str]:
-    """``ENGINE_ARGS`` as the worker's flags."""
+def worker_args(engine_args: dict[str, Any] = ENGINE_ARGS) -> list[str]:
+    """``engine_args`` as the worker's flags."""
     flags = []
-    for key, value in ENGINE_ARGS.items():
+    for key, value in engine_args.items():
         flag = f"--{key.replace('_', '-')}"
         flags += [flag] if value is True else [flag, str(value)]
     return flags
 
 
-def start_stack(tmp: Path) -> Iterator[VllmStack]:
+def start_stack(tmp: Path, engine_args: dict[str, Any] = ENGINE_ARGS) -> Iterator[VllmStack]:
     """A redis-server, a gateway and ``tokenq worker --engine vllm`` on the default model
-    (from .venv-vllm), once the worker serves; all stopped after."""
+    (from .venv-vllm) with ``engine_args``, once the worker serves; all stopped after."""
     tokenq = vllm_bin("tokenq")
     server = EmbeddedRedis().start()
     if server.kind != "redis-server":
@@ -84,7 +96,7 @@ def start_stack(tmp: Path) -> Iterator[VllmStack]:
         pytest.fail("redis-server is not installed: run  apt-get install -y redis-server")
     log_path = tmp / "vllm-worker.log"
     cmd = [str(tokenq), "worker", "--engine", "vllm", "--model", DEFAULT_MODEL]
-    cmd += ["--redis", server.url, *worker_args()]
+    cmd += ["--redis", server.url, *worker_args(engine_args)]
     try:
         with log_path.open("wb") as log, started_gateway(server.url) as (url, _):
             worker = subprocess.Popen(
@@ -123,13 +135,21 @@ def stop(worker: subprocess.Popen[bytes]) -> None:
             worker.wait(timeout=30)
 
 
-def vllm_reference(model_dir: Path, cases: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+def vllm_reference(
+    model_dir: Path,
+    cases: list[dict[str, Any]],
+    tmp: Path,
+    engine_args: dict[str, Any] = ENGINE_ARGS,
+) -> list[dict[str, Any]]:
     """vLLM's own ``LLM.generate`` on ``cases`` (``bench/vllm_generate.py``, in .venv-vllm),
-    with the worker's engine arguments: per case its tokens, text, logprobs and finish."""
+    with the worker's ``engine_args``: per case its tokens, text, logprobs, finish and
+    prompt logprobs (a case may name an adapter and structured outputs, as that script
+    reads them)."""
     python = vllm_bin("python")
     cases_path, out_path = tmp / "cases.jsonl", tmp / "reference.json"
     cases_path.write_text("".join(json.dumps(case) + "\n" for case in cases))
-    pairs = [f"{key}={json.dumps(value)}" for key, value in ENGINE_ARGS.items()]
+    args = {**REFERENCE_ONLY, **engine_args}
+    pairs = [f"{key}={json.dumps(value)}" for key, value in args.items()]
     cmd = [str(python), str(REFERENCE_SCRIPT), str(model_dir), str(cases_path), str(out_path)]
     done = subprocess.run(
         [*cmd, *pairs],

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worker.engine.config import EngineConfig
 from worker.vllm_engine.options import (
     INSTALL_CPU,
     INSTALL_GPU,
@@ -18,8 +19,16 @@ from worker.vllm_engine.options import (
 )
 
 # What tokenq asks of vLLM unless told otherwise: its priority scheduler (tokenq's
-# priorities), and its figures each step (the registry's and num_free_slots').
-DEFAULT_ENGINE_ARGS: dict[str, Any] = {"scheduling_policy": "priority", "disable_log_stats": False}
+# priorities), its figures each step (the registry's and num_free_slots'), and structured
+# outputs as the built-in engine makes them: xgrammar (whose limits the producer checks
+# schemas against, ``shared.guided``), JSON without free whitespace.
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+    "scheduling_policy": "priority",
+    "disable_log_stats": False,
+    "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+}
+# With LoRA on, the adapter limits are the built-in engine's flags (their defaults too).
+LORA_LIMITS = ("max_loras", "max_lora_rank")
 
 
 class VllmMissing(RuntimeError):
@@ -36,21 +45,32 @@ class VllmEngineConfig:
     max_num_seqs: int = 0  # vLLM's, once it has started (for the registry)
 
     @property
+    def enable_lora(self) -> bool:
+        return bool(self.engine_args.get("enable_lora"))
+
+    @property
     def max_loras(self) -> int:
-        return 0
+        return int(self.engine_args["max_loras"]) if self.enable_lora else 0
 
 
 def vllm_engine_config(
     model: str, opts: VllmOptions, shared: Mapping[str, Any]
 ) -> VllmEngineConfig:
     """The engine arguments asked for (``options.engine_arg_values``) over tokenq's
-    defaults; VllmOptionError naming any key ``EngineArgs`` lacks, VllmMissing when
-    vLLM is not installed."""
-    values = {**DEFAULT_ENGINE_ARGS, **engine_arg_values(opts, shared)}
+    defaults (and, with ``enable_lora``, the built-in engine's adapter limits);
+    VllmOptionError naming any key ``EngineArgs`` lacks, VllmMissing when vLLM is not
+    installed."""
+    asked = engine_arg_values(opts, shared)
+    values = {**DEFAULT_ENGINE_ARGS, **(_lora_defaults() if asked.get("enable_lora") else {})}
+    values.update(asked)
     check_known(values, engine_arg_names())
     if "model" in values:
         raise VllmOptionError("give the model as --model, not as an engine argument")
     return VllmEngineConfig(model=model, engine_args=values)
+
+
+def _lora_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(EngineConfig) if f.name in LORA_LIMITS}
 
 
 def engine_arg_names() -> list[str]:

@@ -17,35 +17,38 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
-from types import SimpleNamespace
 from typing import Any
 
-from transformers import AutoTokenizer, GenerationConfig
-from vllm import EngineArgs, SamplingParams, TokensPrompt
-from vllm.sampling_params import RequestOutputKind
+from transformers import AutoTokenizer
+from vllm import SamplingParams, TokensPrompt
+from vllm.exceptions import VLLMClientError
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.engine.llm_engine import LLMEngine
 
 from shared.limits import ModelLimits
 from shared.models import FinishReason
-from shared.refusal import invalid, too_long
-from worker.engine.errors import ModelLoadError
+from shared.refusal import RequestRefused, invalid, too_long
 from worker.engine.outputs import RequestOutput
+from worker.engine.prompt_logprobs import check_prompt_length
 from worker.engine.prompt_tokens import TokenizerPrompts, max_bytes_per_token
 from worker.engine.request import EngineRequest, Sequence
-from worker.engine.runner_support import eos_token_ids
 from worker.engine.token_output import TokenOutputs
 from worker.engine_like import EngineGone
+from worker.vllm_engine.adapters import Adapters
 from worker.vllm_engine.config import VllmEngineConfig
 from worker.vllm_engine.figures import Figures
 from worker.vllm_engine.guard import start_guard
 from worker.vllm_engine.mapping import (
     FINISH_REASONS,
+    guide_name,
     logprob_entry,
+    prompt_logprob_entries,
     refuse_unmapped,
     sampling_kwargs,
+    structured_outputs,
     vllm_priority,
 )
+from worker.vllm_engine.startup import eos_token_ids_of, start_engine
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ class Live:
 
     seq: Sequence
     in_vllm: bool = True
+    # With sampling.prompt_logprobs: tokenq's entries, from vLLM's first output.
+    prompt_logprobs: list[dict[str, Any]] | None = None
 
 
 class VllmEngine(TokenizerPrompts):
@@ -70,11 +75,12 @@ class VllmEngine(TokenizerPrompts):
     def __init__(self, config: VllmEngineConfig) -> None:
         self.figures = Figures()
         self.guard = start_guard()  # vLLM's processes die with the worker, even by SIGKILL
-        self.llm = _start(config, self.figures)
+        self.llm = start_engine(config, self.figures)
         vllm_config = self.llm.vllm_config
         self.model_config = vllm_config.model_config
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
         self.config = replace(config, max_num_seqs=self.max_num_seqs)
+        self.adapters = Adapters(self.llm, vllm_config.lora_config)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_config.tokenizer)
         self.max_model_len: int = self.model_config.max_model_len
         self.vocab_size: int = self.model_config.get_vocab_size()
@@ -82,7 +88,7 @@ class VllmEngine(TokenizerPrompts):
         self._kv_tokens = (vllm_config.cache_config.num_gpu_blocks or 0) * (
             vllm_config.cache_config.block_size
         )
-        eos = _eos_token_ids(self.model_config.model, self.tokenizer)
+        eos = eos_token_ids_of(self.model_config.model, self.tokenizer)
         self.outputs = TokenOutputs(self.tokenizer, eos, self.max_model_len)
         self._live: dict[str, Live] = {}
         self._pending_finish: dict[str, FinishReason] = {}
@@ -108,7 +114,8 @@ class VllmEngine(TokenizerPrompts):
             max_model_len=self.max_model_len,
             embedding_size=None,
             guided=guided,
-            prompt_scores=False,  # refused at submit (``mapping.refuse_unmapped`` here too)
+            # vLLM's prompt_logprobs (``mapping.prompt_logprob_entries``), but with LoRA
+            prompt_scores=self.adapters.max_loras == 0,
             max_bytes_per_token=self._max_bytes_per_token,
         )
 
@@ -117,10 +124,12 @@ class VllmEngine(TokenizerPrompts):
         return max_bytes_per_token(self.tokenizer)
 
     def lora_rank_limit(self) -> int:
-        return 0
+        """The largest adapter rank vLLM takes, 0 when started without LoRA: the worker
+        claims only the adapter requests within it."""
+        return self.adapters.max_lora_rank
 
     def resident_loras(self) -> list[str]:
-        return []
+        return self.adapters.resident()
 
     def warm_fingerprints(self, limit: int) -> list[str]:
         """The prefix fingerprints of the prompts it served, newest first: vLLM's prefix
@@ -141,7 +150,8 @@ class VllmEngine(TokenizerPrompts):
             self._warm.move_to_end(fingerprint)
         while len(self._warm) > MAX_WARM:
             self._warm.popitem(last=False)
-        if seq.num_output_tokens >= req.sampling.max_tokens:  # resumed with all it may have
+        max_tokens = req.sampling.max_tokens
+        if max_tokens and seq.num_output_tokens >= max_tokens:  # resumed with all it may have
             self._live[req.request_id].in_vllm = False
             self._pending_finish[req.request_id] = FinishReason.LENGTH
             return
@@ -151,21 +161,37 @@ class VllmEngine(TokenizerPrompts):
         prompt = TokensPrompt(prompt_token_ids=list(seq.token_ids))  # prompt and kept tokens
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt.hex()
-        params = SamplingParams(**sampling_kwargs(req), output_kind=RequestOutputKind.DELTA)
+        guide = structured_outputs(req.sampling)
+        params = SamplingParams(
+            **sampling_kwargs(req),
+            structured_outputs=None if guide is None else StructuredOutputsParams(**guide),
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            lora_request = self.adapters.request(req.lora)
+        except RequestRefused:
+            self._forget(req.request_id)
+            raise
         try:
             self.llm.add_request(
-                req.request_id, prompt, params, priority=vllm_priority(req.priority)
+                req.request_id,
+                prompt,
+                params,
+                lora_request=lora_request,
+                priority=vllm_priority(req.priority),
             )
-        except ValueError as e:  # vLLM's own checks: the request's fault
+        except (ValueError, VLLMClientError) as e:  # vLLM's own checks: the request's fault
             self._forget(req.request_id)
-            raise invalid(None, f"vLLM refused the request: {e}") from e
+            # What tokenq has not checked itself, before: the grammar vLLM compiles.
+            raise invalid(guide_name(req.sampling), f"vLLM refused the request: {e}") from e
 
     def _validate(self, req: EngineRequest) -> None:
         if not req.prompt_token_ids:
             raise invalid("prompt", "prompt: it has no tokens")
         if req.request_id in self._live:
             raise ValueError(f"request {req.request_id} is already in the engine")
-        refuse_unmapped(req)
+        refuse_unmapped(req, serves_lora=self.adapters.max_loras > 0)
+        check_prompt_length(req)  # prompt_logprobs' bound, as the built-in engine's
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
         if num_needed > self.max_model_len:
             param = "prompt" if len(req.prompt_token_ids) >= self.max_model_len else "max_tokens"
@@ -247,6 +273,11 @@ class VllmEngine(TokenizerPrompts):
             return None
         completion = vllm_out.outputs[0]
         seq, num_top = live.seq, live.seq.sampling.logprobs or 0
+        if vllm_out.finished:
+            live.in_vllm = False
+        scored = self._prompt_scores(live, vllm_out)
+        if scored is not None:
+            return scored
         merged: RequestOutput | None = None
         for at, token_id in enumerate(completion.token_ids):
             seq.token_ids.append(token_id)
@@ -257,17 +288,38 @@ class VllmEngine(TokenizerPrompts):
             merged = out if merged is None else _merged(merged, out)
             if out.finish_reason is not None:
                 break
-        if vllm_out.finished:
-            live.in_vllm = False
         if merged is not None and merged.finish_reason is not None:
             return self._ended(vllm_out, merged)
         if vllm_out.finished:  # vLLM ended it for a reason tokenq's checks did not see
             reason = FINISH_REASONS.get(completion.finish_reason or "", FinishReason.ERROR)
             end = self._end(vllm_out.request_id, reason)
-            return end if merged is None else _merged(merged, end)
+            end = end if merged is None else _merged(merged, end)
+            end.prompt_logprobs = live.prompt_logprobs
+            return end
         return merged
 
+    def _prompt_scores(self, live: Live, vllm_out: Any) -> RequestOutput | None:
+        """Keep the prompt logprobs vLLM gives with a request's first output; a request
+        that scores its prompt alone (max_tokens 0) ends here, vLLM's one token dropped."""
+        sampling = live.seq.sampling
+        if vllm_out.prompt_logprobs and sampling.prompt_logprobs is not None:
+            try:
+                live.prompt_logprobs = prompt_logprob_entries(
+                    live.seq.request.prompt_token_ids,
+                    vllm_out.prompt_logprobs,
+                    sampling.prompt_logprobs,
+                    self.outputs.token_names,
+                )
+            except ValueError as e:  # never given with a gap
+                return replace(self._end(vllm_out.request_id, FinishReason.ERROR), error=str(e))
+        if sampling.max_tokens != 0:
+            return None
+        num_prompt_tokens = live.seq.num_prompt_tokens
+        ended = RequestOutput.ended(vllm_out.request_id, FinishReason.LENGTH, num_prompt_tokens, 0)
+        return self._ended(vllm_out, ended)
+
     def _ended(self, vllm_out: Any, out: RequestOutput) -> RequestOutput:
+        out.prompt_logprobs = self._live[vllm_out.request_id].prompt_logprobs
         self._forget(vllm_out.request_id)
         out.num_prefix_queried_tokens = len(vllm_out.prompt_token_ids or ())
         out.num_prefix_hit_tokens = vllm_out.num_cached_tokens or 0
@@ -276,26 +328,6 @@ class VllmEngine(TokenizerPrompts):
     def stats(self) -> dict[str, float]:
         """vLLM's figures for the worker's metrics and registry entry."""
         return self.figures.stats()
-
-
-def _start(config: VllmEngineConfig, figures: Figures) -> Any:
-    """vLLM's engine; ModelLoadError (one line: what vLLM said) when it will not start."""
-    try:
-        args = EngineArgs(model=config.model, **config.engine_args)
-        return LLMEngine.from_engine_args(args, stat_loggers=[figures.factory])
-    except (ValueError, TypeError, RuntimeError) as e:  # its config checks, a bad value
-        said = " ".join(str(e).split())
-        raise ModelLoadError(f"vLLM could not start {config.model}: {said}") from e
-
-
-def _eos_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
-    """The ids that end a request, as the built-in engine reads them (and vLLM does):
-    the generation config's, else the tokenizer's."""
-    try:
-        generation_config = GenerationConfig.from_pretrained(model)
-    except OSError:  # none: the tokenizer's
-        generation_config = None
-    return eos_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
 
 
 def _merged(first: RequestOutput, then: RequestOutput) -> RequestOutput:

@@ -1,23 +1,41 @@
-"""A tokenq request as vLLM's, and vLLM's logprobs as tokenq's: plain data, no vLLM import.
+"""A tokenq request as vLLM's, and vLLM's logprobs as tokenq's: plain data, no vLLM
+import.
 
 What maps: the token budget (``max_tokens`` / ``min_tokens``, less the tokens a resumed
 request keeps), temperature, top_p, top_k, min_p, the penalties, ``logit_bias``,
 ``seed``, stop token ids, ``ignore_eos`` and ``logprobs``; priority with its sign turned
-(vLLM runs the lowest value first, tokenq the highest). Stop strings are matched on
-tokenq's side over vLLM's tokens (``worker.engine.token_output``), so that a request
-resumed on another worker matches across what it kept, and ends with the same text and
-``stop_sequence`` on either engine. What does not map is refused by name
-(:func:`refuse_unmapped`), never dropped.
+(vLLM runs the lowest value first, tokenq the highest); structured outputs
+(``guided_json`` / ``guided_regex`` / ``guided_structural_tag``, checked by the producer
+as for the built-in engine) as vLLM's ``StructuredOutputsParams``; a LoRA adapter from
+tokenq's registry as vLLM's ``LoRARequest`` (:class:`LoraIds` numbers them). Stop
+strings are matched on tokenq's side over vLLM's tokens
+(``worker.engine.token_output``), so that a request resumed on another worker matches
+across what it kept, and ends with the same text and ``stop_sequence`` on either engine.
+What does not map is refused by name (:func:`refuse_unmapped`), never dropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from shared.models import GUIDES, FinishReason
+import orjson
+
+from shared.models import FinishReason, SamplingParams
 from shared.refusal import invalid
-from worker.engine.request import EngineRequest
+from worker.engine.request import EngineRequest, LoraRef
+
+# tokenq's guided fields as vLLM's ``StructuredOutputsParams`` fields.
+STRUCTURED_OUTPUTS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_structural_tag": "structural_tag",
+}
+
+# Why a vLLM engine with LoRA on scores no prompt: vLLM 0.32's LoRA logits processor takes
+# one row per request, and prompt logprobs bring one per prompt token: its engine core
+# dies (vLLM issues 29955 and 16668).
+LORA_SCORES = "vLLM cannot score prompts while it serves LoRA adapters"
 
 # vLLM's finish reasons (``CompletionOutput.finish_reason``) as tokenq's.
 FINISH_REASONS = {
@@ -37,22 +55,57 @@ class Logprob(Protocol):
     def rank(self) -> int | None: ...
 
 
-def refuse_unmapped(req: EngineRequest) -> None:
-    """RequestRefused naming the first feature of ``req`` this engine does not serve."""
+def refuse_unmapped(req: EngineRequest, serves_lora: bool) -> None:
+    """RequestRefused naming the first feature of ``req`` this engine does not serve
+    (``serves_lora``: it was started with LoRA on)."""
     sampling = req.sampling
     if req.embed:
         raise invalid("task", "task: the vLLM engine serves generation only, not embeddings")
-    if req.lora is not None:
-        raise invalid("lora", "lora: the vLLM engine does not serve LoRA adapters yet")
-    if sampling.prompt_logprobs is not None:
+    if req.lora is not None and not serves_lora:
+        raise invalid(
+            "lora", "lora: this vLLM worker serves no LoRA adapters (start it with --enable-lora)"
+        )
+    if sampling.prompt_logprobs is not None and serves_lora:
         raise invalid(
             "prompt_logprobs",
-            "prompt_logprobs: the vLLM engine does not score prompts yet (nor echo, nor "
-            "max_tokens 0); ask a built-in worker",
+            f"prompt_logprobs: {LORA_SCORES}; ask a worker started without --enable-lora",
         )
-    for name in GUIDES:
-        if getattr(sampling, name) is not None:
-            raise invalid(name, f"{name}: the vLLM engine does not serve structured outputs yet")
+    guide = guide_name(sampling)
+    if guide is not None and req.output_token_ids:
+        # vLLM's grammar follows the tokens it generates; kept tokens reach it as prompt.
+        raise invalid(
+            guide,
+            f"{guide}: a structured request resumed after its worker died cannot continue on "
+            "the vLLM engine (its grammar cannot start after the tokens kept); submit it again",
+        )
+
+
+def guide_name(sampling: SamplingParams) -> str | None:
+    """The guided field ``sampling`` sets, if any."""
+    return next((name for name in STRUCTURED_OUTPUTS if getattr(sampling, name) is not None), None)
+
+
+def structured_outputs(sampling: SamplingParams) -> dict[str, str] | None:
+    """vLLM ``StructuredOutputsParams`` keyword arguments for a guided request, None for
+    any other. Schemas go as JSON text, properties in the order the schema declares them
+    (as the built-in engine compiles them; an empty schema stays a schema)."""
+    name = guide_name(sampling)
+    if name is None:
+        return None
+    value = getattr(sampling, name)
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return {STRUCTURED_OUTPUTS[name]: text}
+
+
+class LoraIds:
+    """vLLM's integer id of each adapter (from 1, as vLLM wants), one per name and path:
+    an adapter registered again at another path is another adapter to vLLM."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, str], int] = {}
+
+    def id_of(self, lora: LoraRef) -> int:
+        return self._ids.setdefault((lora.name, lora.path), len(self._ids) + 1)
 
 
 def sampling_kwargs(req: EngineRequest) -> dict[str, Any]:
@@ -61,7 +114,8 @@ def sampling_kwargs(req: EngineRequest) -> dict[str, Any]:
     s = req.sampling
     num_kept = len(req.output_token_ids)
     return {
-        "max_tokens": s.max_tokens - num_kept,
+        # max_tokens 0 scores the prompt alone: vLLM makes one token, which is dropped.
+        "max_tokens": max(1, s.max_tokens - num_kept),
         "min_tokens": max(0, s.min_tokens - num_kept),
         "temperature": s.temperature,
         "top_p": s.top_p,
@@ -75,6 +129,7 @@ def sampling_kwargs(req: EngineRequest) -> dict[str, Any]:
         "stop_token_ids": list(s.stop_token_ids),
         "ignore_eos": s.ignore_eos,
         "logprobs": s.logprobs,
+        "prompt_logprobs": s.prompt_logprobs,
         "detokenize": False,  # tokenq's own detokenizer and stop strings (module docs)
     }
 
@@ -94,3 +149,37 @@ def logprob_entry(token_id: int, entry: Mapping[int, Logprob], num_top: int) -> 
     )
     top = [{"token_id": tid, "logprob": value} for _, tid, value in ranked[:num_top]]
     return {"token_id": token_id, "logprob": entry[token_id].logprob, "top": top}
+
+
+def prompt_logprob_entries(
+    prompt_token_ids: Sequence[int],
+    scores: Sequence[Mapping[int, Logprob] | None],
+    num_top: int,
+    names: Mapping[int, tuple[str, list[int] | None]],
+) -> list[dict[str, Any]]:
+    """vLLM's prompt logprobs as tokenq's entries, one per token of ``prompt_token_ids``
+    (the first's logprob None), each with its rank and ``num_top`` alternatives, named
+    (``names``: ``worker.engine.detokenizer.TokenNames``) as the built-in's are. vLLM
+    scored the prompt and any tokens a resumed request kept: those are left out."""
+    num_prompt = len(prompt_token_ids)
+    given = [scored for scored in scores[1:num_prompt] if scored is not None]
+    if len(given) != num_prompt - 1:
+        raise ValueError(f"vLLM's prompt logprobs do not cover the {num_prompt} prompt tokens")
+    first: dict[str, Any] = {"token_id": prompt_token_ids[0], "logprob": None, "top": []}
+    entries = [first]
+    for token_id, scored in zip(prompt_token_ids[1:], given, strict=True):
+        entry = logprob_entry(token_id, scored, num_top)
+        entry["rank"] = scored[token_id].rank
+        entries.append(entry)
+    return [_named(entry, names) for entry in entries]
+
+
+def _named(
+    entry: dict[str, Any], names: Mapping[int, tuple[str, list[int] | None]]
+) -> dict[str, Any]:
+    for item in (entry, *entry["top"]):
+        text, raw = names[int(item["token_id"])]
+        item["token"] = text
+        if raw is not None:
+            item["bytes"] = raw
+    return entry

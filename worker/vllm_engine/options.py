@@ -39,6 +39,13 @@ class VllmOptions:
     gpu_memory_utilization: float | None = field(
         default=None, metadata={"help": "vLLM: share of GPU memory it takes (default vLLM's)"}
     )
+    enable_lora: bool = field(
+        default=False,
+        metadata={
+            "help": "vLLM: serve LoRA adapters from tokenq's registry, up to --max-loras at "
+            "once of rank up to --max-lora-rank"
+        },
+    )
     vllm_arg: list[str] | None = field(
         default=None,
         metadata={"help": "vLLM: any other engine argument, KEY=VALUE (repeatable; JSON values)"},

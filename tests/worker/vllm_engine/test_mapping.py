@@ -7,14 +7,18 @@ from typing import Any
 
 import pytest
 
-from shared.models import SamplingParams
+from shared.models import GUIDES, SamplingParams
 from shared.refusal import RequestRefused
 from tests.worker.engine.factories import make_request
 from worker.engine.request import LoraRef
 from worker.vllm_engine.mapping import (
+    STRUCTURED_OUTPUTS,
+    LoraIds,
     logprob_entry,
+    prompt_logprob_entries,
     refuse_unmapped,
     sampling_kwargs,
+    structured_outputs,
     vllm_priority,
 )
 
@@ -62,6 +66,7 @@ def test_sampling_fields_map_by_name() -> None:
         "stop_token_ids": [9],
         "ignore_eos": True,
         "logprobs": 3,
+        "prompt_logprobs": None,
         "detokenize": False,  # stop strings are matched on tokenq's side
     }
 
@@ -80,17 +85,63 @@ def test_a_higher_tokenq_priority_is_a_lower_vllm_value() -> None:
     ("kwargs", "param"),
     [
         ({"task": "embed"}, "task"),
-        ({"lora": LoraRef("a", "/adapters/a")}, "lora"),
-        ({"sampling": SamplingParams(prompt_logprobs=1)}, "prompt_logprobs"),
-        ({"sampling": SamplingParams(max_tokens=0, prompt_logprobs=0)}, "prompt_logprobs"),
-        ({"sampling": SamplingParams(guided_json={"type": "object"})}, "guided_json"),
-        ({"sampling": SamplingParams(guided_regex="[a-z]+")}, "guided_regex"),
+        ({"lora": LoraRef("a", "/adapters/a")}, "lora"),  # a worker started without LoRA
+        (
+            {"sampling": SamplingParams(guided_regex="[a-z]+"), "output_token_ids": [7]},
+            "guided_regex",
+        ),
     ],
 )
 def test_what_does_not_map_is_refused_by_name(kwargs: dict[str, Any], param: str) -> None:
     with pytest.raises(RequestRefused) as refused:
-        refuse_unmapped(make_request([1, 2], **kwargs))
+        refuse_unmapped(make_request([1, 2], **kwargs), serves_lora=False)
     assert refused.value.refusal.param == param
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lora": LoraRef("a", "/adapters/a")},
+        {"sampling": SamplingParams(guided_json={"type": "object"})},
+        {"sampling": SamplingParams(guided_regex="[a-z]+")},
+        {"sampling": SamplingParams(guided_structural_tag={"type": "structural_tag"})},
+    ],
+)
+def test_structured_outputs_and_adapters_map(kwargs: dict[str, Any]) -> None:
+    refuse_unmapped(make_request([1, 2], **kwargs), serves_lora=True)
+
+
+def test_a_worker_serving_adapters_scores_no_prompts() -> None:
+    # vLLM's engine core dies scoring a prompt beside another request with LoRA on.
+    req = make_request([1, 2], sampling=SamplingParams(prompt_logprobs=1))
+    with pytest.raises(RequestRefused) as refused:
+        refuse_unmapped(req, serves_lora=True)
+    assert refused.value.refusal.param == "prompt_logprobs"
+    refuse_unmapped(req, serves_lora=False)
+
+
+def test_every_guide_maps_to_vllms_structured_outputs() -> None:
+    assert set(STRUCTURED_OUTPUTS) == set(GUIDES)
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {}}}
+    assert structured_outputs(SamplingParams(guided_json=schema)) == {
+        "json": '{"type":"object","properties":{"b":{"type":"integer"},"a":{}}}'  # unsorted
+    }
+    assert structured_outputs(SamplingParams(guided_json={})) == {"json": "{}"}  # any JSON
+    assert structured_outputs(SamplingParams(guided_regex="a|b")) == {"regex": "a|b"}
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}
+    assert structured_outputs(SamplingParams(guided_structural_tag=tag)) == {
+        "structural_tag": '{"type":"structural_tag","format":{"type":"const_string","value":"x"}}'
+    }
+    assert structured_outputs(SamplingParams()) is None
+
+
+def test_each_adapter_at_each_path_has_its_own_vllm_id() -> None:
+    ids = LoraIds()
+    first = ids.id_of(LoraRef("a", "/adapters/a"))
+    assert first >= 1  # vLLM refuses 0
+    assert ids.id_of(LoraRef("a", "/adapters/a")) == first
+    others = ids.id_of(LoraRef("b", "/adapters/b")), ids.id_of(LoraRef("a", "/v2/a"))
+    assert len({first, *others}) == 3
 
 
 def test_logprobs_keep_the_chosen_token_and_the_top_in_rank_order() -> None:
@@ -101,3 +152,37 @@ def test_logprobs_keep_the_chosen_token_and_the_top_in_rank_order() -> None:
         "top": [{"token_id": 1, "logprob": -0.1}, {"token_id": 2, "logprob": -1.0}],
     }
     assert logprob_entry(1, {1: Lp(-0.1, 1)}, 0)["top"] == []
+
+
+def test_scoring_the_prompt_alone_asks_vllm_for_one_token_and_the_prompt_logprobs() -> None:
+    kwargs = sampling_kwargs(make_request([1, 2], sampling=SamplingParams(
+        max_tokens=0, prompt_logprobs=2)))  # fmt: skip
+    assert (kwargs["max_tokens"], kwargs["prompt_logprobs"]) == (1, 2)
+
+
+NAMES = {t: (f"<{t}>", None) for t in range(10)}
+
+
+def test_prompt_logprobs_are_tokenqs_entries_over_the_prompt_alone() -> None:
+    scores = [
+        None,
+        {5: Lp(-0.5, 1), 6: Lp(-1.5, 2)},
+        {7: Lp(-3.0, 4), 1: Lp(-0.2, 1), 2: Lp(-0.9, 2)},
+        {9: Lp(-0.1, 1)},  # a kept token of a resumed request: not the prompt's
+    ]
+    entries = prompt_logprob_entries([4, 5, 7], scores, 2, NAMES)
+    assert entries[0] == {"token_id": 4, "logprob": None, "top": [], "token": "<4>"}
+    assert entries[1]["rank"] == 1 and entries[1]["logprob"] == -0.5
+    assert entries[2] == {
+        "token_id": 7,
+        "logprob": -3.0,
+        "rank": 4,
+        "token": "<7>",
+        "top": [
+            {"token_id": 1, "logprob": -0.2, "token": "<1>"},
+            {"token_id": 2, "logprob": -0.9, "token": "<2>"},
+        ],
+    }
+    assert len(entries) == 3
+    with pytest.raises(ValueError, match="do not cover the 3 prompt tokens"):
+        prompt_logprob_entries([4, 5, 7], scores[:2], 2, NAMES)

@@ -70,6 +70,7 @@ def test_the_worker_command_offers_the_vllm_flags() -> None:
         "--speculative-config",
         "--gpu-memory-utilization",
         "--vllm-arg",
+        "--enable-lora",
         "--vllm-config",
         "--max-model-len",
         "--dtype",
