@@ -21,16 +21,13 @@ from typing import Any, Protocol
 
 import orjson
 
-from shared.models import FinishReason, SamplingParams
+from shared.models import GUIDES, FinishReason, SamplingParams
 from shared.refusal import invalid
 from worker.engine.request import EngineRequest, LoraRef
 
-# tokenq's guided fields as vLLM's ``StructuredOutputsParams`` fields.
-STRUCTURED_OUTPUTS = {
-    "guided_json": "json",
-    "guided_regex": "regex",
-    "guided_structural_tag": "structural_tag",
-}
+# tokenq's guided fields (``shared.models.GUIDES``) as vLLM's ``StructuredOutputsParams``
+# fields: the same names without ``guided_`` (json, regex, structural_tag).
+STRUCTURED_OUTPUTS = {name: name.removeprefix("guided_") for name in GUIDES}
 
 # Why a vLLM engine with LoRA on scores no prompt: vLLM 0.32's LoRA logits processor takes
 # one row per request, and prompt logprobs bring one per prompt token: its engine core
