@@ -1,6 +1,7 @@
 """One stream's speed: one request of 128 greedy tokens at a time, on one thread, the
-engine in fp32 against the engine with ``--quantization int8``, alternated in one run,
-and against llama.cpp's ``llama-server`` on the same GGUF file where one is given.
+engine in fp32 against the engine with ``--quantization int8`` and ``w8a8`` (where the
+CPU runs it), alternated in one run, and against llama.cpp's ``llama-server`` on the
+same GGUF file where one is given.
 
     python bench/latency.py                      # 5 rounds, the default model
     python bench/latency.py --rounds 3 --agreement mixed32.jsonl
@@ -51,6 +52,7 @@ from bench import llama_server
 from shared.models import SamplingParams
 from tests.worker.engine.quant_agreement import agreement, greedy_steps, workload_prompts
 from worker.engine import Engine, EngineConfig, EngineRequest
+from worker.engine.quantization import w8a8_available
 from worker.model_store import DEFAULT_ALIASES, find_default_gguf, gguf_source, resolve_model
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -237,7 +239,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--quantization", default="int8")
+    parser.add_argument(
+        "--quantization",
+        nargs="+",
+        default=["int8", "w8a8"] if w8a8_available() else ["int8"],
+        help="the quantized engines beside fp32",
+    )
     parser.add_argument("--agreement", metavar="WORKLOAD", help="e.g. mixed32.jsonl")
     parser.add_argument(
         "--bf16", action="store_true", help="also bf16 weights (a CPU with native bf16)"
@@ -284,7 +291,7 @@ def main() -> None:
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llama-")))
             files = llama_files(args, source, scratch)
         kv_cache_mib = BURST_KV_CACHE_MIB if args.burst else KV_CACHE_MIB
-        loaded = engines(model, [None, args.quantization], args.bf16, kv_cache_mib)
+        loaded = engines(model, [None, *args.quantization], args.bf16, kv_cache_mib)
         compare(loaded, files, chat_prompt(loaded["fp32"]), args)
     if args.agreement:
         agreement_run(model, loaded, args.agreement)

@@ -170,9 +170,9 @@ class ModelRunner:
         self.forward_fn.compiled = compiled
 
     def _prequantized(self, method: str | None, model_path: str | Path) -> Prequantized | None:
-        """For int8: the weights a GGUF file the model came from holds in Q8_0, read
-        straight from their blocks (``worker.engine.gguf_q8``)."""
-        source = gguf_source(model_path) if method == "int8" else None
+        """For int8 and w8a8: the weights a GGUF file the model came from holds in Q8_0,
+        read straight from their blocks (``worker.engine.gguf_q8``)."""
+        source = gguf_source(model_path) if method is not None else None
         if source is None:
             return None
         return GgufInt8(source, self.model).weight_for

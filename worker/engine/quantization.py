@@ -4,21 +4,33 @@ One sequence's decode step reads every weight once for a single row of activatio
 so its time is the time to read the weights; in 8 bits there is a quarter as much
 to read. Each projection the shared layers own (attention q/k/v and output, the
 gated MLP, a MoE's experts, the LM head) is quantized at load, weight-only, with
-one scale per output channel (symmetric, ``[-127, 127]``), and runs through torch's
-own packed kernel, ``aten._weight_int8pack_mm``, whose fast CPU path takes bf16
-activations: a step's activations enter it in bf16 and leave it in the model's
-dtype.
+one scale per output channel (symmetric, ``[-127, 127]``).
 
-That kernel is made for a few rows: past :data:`MAX_INT8_ROWS` (a prefill chunk, a
-batch of decodes) it is slower than the fp32 oneDNN matmul, so a larger step reads
-the dequantized weights through the ordinary :class:`Projection` instead; both use
-the same weights. The dequantized values are also written back over the loaded
-model's own parameters (the fused projections' views), so that transformers'
-forward, which the start-up self-check holds the engine to, computes with exactly
-the weights the engine serves: the check then measures the kernel and its bf16
-activations (``worker.engine.self_check`` allows the bf16 tolerance), not the
-rounding of the weights, which ``bench/latency.py --agreement`` measures against
-the fp32 engine.
+Two methods share those weights and differ in what a step of up to
+:data:`MAX_INT8_ROWS` rows (a decode step, a speculative verification) computes with:
+
+- ``int8``: torch's own packed kernel, ``aten._weight_int8pack_mm``, whose fast CPU
+  path takes bf16 activations: a step's activations enter it in bf16 and leave it in
+  the model's dtype.
+- ``w8a8``: fbgemm's dynamic int8 linear (``quantized::linear_dynamic``), as
+  llama.cpp's Q8_0 and vLLM's W8A8-INT8 do: each row's activations are quantized to
+  8 bits over their own range as the row enters, the dot products are computed in
+  integers, and the result comes back in fp32. It is about twice as fast as ``int8``
+  at one row and agrees less with fp32 (8-bit activations are coarser than bf16's;
+  ``bench/latency.py --agreement`` prints both). It needs torch's fbgemm and a CPU
+  whose int8 dot product does not saturate (VNNI: ``avx512_vnni``, ``avx_vnni``,
+  ``amx_int8``) and is refused elsewhere. Rows go one at a time, so a row's result
+  never depends on the other rows of its step (fbgemm would give them one range).
+
+Past :data:`MAX_INT8_ROWS` (a prefill chunk, a batch of decodes) those kernels are
+slower than the fp32 oneDNN matmul, so a larger step reads the dequantized weights
+through the ordinary :class:`Projection` instead; both use the same weights. The
+dequantized values are also written back over the loaded model's own parameters
+(the fused projections' views), so that transformers' forward, which the start-up
+self-check holds the engine to, computes with exactly the weights the engine
+serves: the check then measures the kernel and its bf16 or 8-bit activations
+(``worker.engine.self_check`` allows each its tolerance), not the rounding of the
+weights, which ``bench/latency.py --agreement`` measures against the fp32 engine.
 
 Left in the checkpoint's dtype: the embeddings (a step reads a handful of their
 rows), the layers with recurrent or convolution state of a hybrid, routers and
@@ -29,10 +41,15 @@ of :data:`IN_FEATURES_MULTIPLE`; others crash it).
 from __future__ import annotations
 
 import logging
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from worker.engine.errors import UnsupportedModel
 from worker.engine.generic_forward import GenericForward
@@ -40,6 +57,7 @@ from worker.engine.models.decoder import Attention, DecoderModel
 from worker.engine.models.layers import GatedMLP, Projection
 from worker.engine.models.moe import SparseMoe
 from worker.engine.models.shared_expert import SharedExpertMoe
+from worker.engine.runner_support import cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +66,9 @@ IN_FEATURES_MULTIPLE = 16  # what the kernel's CPU path reads at once
 KERNEL_DTYPE = torch.bfloat16
 INT8_MAX = 127
 WRITE_CHUNK_VALUES = 1 << 18  # values widened at a time when writing weights back
+# CPU flags of an int8 dot product that does not saturate (fbgemm's kernels need one
+# to take activations over the full 8-bit range).
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 @dataclass(frozen=True)
@@ -86,20 +107,31 @@ def quantize_per_channel(weight: torch.Tensor) -> Int8Weight:
 
 
 class Int8Projection(Projection):
-    """A projection reading int8 weights for up to :data:`MAX_INT8_ROWS` rows, and the
-    same weights dequantized (the base class's oneDNN path) for more."""
+    """A projection reading int8 weights for up to :data:`MAX_INT8_ROWS` rows (with
+    activations in bf16, or in 8 bits where ``dynamic``: ``w8a8``), and the same
+    weights dequantized (the base class's oneDNN path) for more."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: Int8Weight):
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, int8: Int8Weight, dynamic: bool
+    ):
         super().__init__(weight, bias)
         self.int8 = int8
+        self.dynamic = dynamic
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         width = x.shape[-1]
         rows = x.numel() // width
         if rows > MAX_INT8_ROWS:
             return super().__call__(x)
-        flat = x.reshape(rows, width).to(KERNEL_DTYPE)
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.int8.values, self.int8.scales)
+        values, scales = self.int8.values, self.int8.scales
+        flat = x.reshape(rows, width)
+        out: torch.Tensor
+        if not self.dynamic:
+            out = torch.ops.aten._weight_int8pack_mm(flat.to(KERNEL_DTYPE), values, scales)
+        elif isinstance(values, FakeTensor):  # traced (``worker.engine.compiled``)
+            out = torch.ops.tokenq.w8a8_linear(flat, values)
+        else:
+            out = w8a8_linear_rows(flat, values)
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
@@ -107,16 +139,66 @@ class Int8Projection(Projection):
         return shaped
 
 
+# fbgemm's packed form of each ``w8a8`` weight, by the address of its int8 values
+# (dropped with them): the traced graphs of ``worker.engine.compiled`` pass tensors.
+_PACKED: dict[int, Any] = {}
+
+
+@cache
+def w8a8_available() -> bool:
+    """Whether ``w8a8`` runs here (fbgemm and VNNI; see the module docs)."""
+    fbgemm = "fbgemm" in torch.backends.quantized.supported_engines
+    return fbgemm and not VNNI_FLAGS.isdisjoint(cpu_flags())
+
+
+def _pack(int8: Int8Weight) -> None:
+    """fbgemm's packed form of ``int8``, kept until its values are dropped."""
+    zero_points = torch.zeros(int8.values.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch 2.13 calls quantized tensors deprecated
+        warnings.simplefilter("ignore")
+        weight = torch._make_per_channel_quantized_tensor(
+            int8.values, int8.scales.double(), zero_points, 0
+        )
+        torch.backends.quantized.engine = "fbgemm"
+        packed = torch.ops.quantized.linear_prepack(weight, None)
+    key = int8.values.data_ptr()
+    _PACKED[key] = packed
+    weakref.finalize(int8.values, _PACKED.pop, key, None)
+
+
+def w8a8_linear_rows(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[rows, in]`` times the packed int8 weight of ``values`` ``[out, in]``, each
+    row's activations quantized over their own range, in fp32."""
+    packed = _PACKED[values.data_ptr()]
+    x = x.float()
+    if x.shape[0] == 1:
+        out: torch.Tensor = torch.ops.quantized.linear_dynamic(x, packed, False)
+        return out
+    rows = [x[i : i + 1] for i in range(x.shape[0])]
+    return torch.cat([torch.ops.quantized.linear_dynamic(row, packed, False) for row in rows])
+
+
+@torch.library.custom_op("tokenq::w8a8_linear", mutates_args=())
+def w8a8_linear(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """:func:`w8a8_linear_rows` as one op of a compiled graph."""
+    return w8a8_linear_rows(x, values)
+
+
+@w8a8_linear.register_fake
+def _(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], values.shape[0]), dtype=torch.float32)
+
+
 # A weight's int8 form already at hand (a GGUF file's Q8_0 blocks), or None.
 Prequantized = Callable[[torch.Tensor], "Int8Weight | None"]
 
 
 def quantize_projection(
-    projection: Projection, prequantized: Prequantized | None = None
+    projection: Projection, prequantized: Prequantized | None = None, method: str = "int8"
 ) -> Projection:
-    """``projection`` in int8 (``prequantized``'s where it has it, else quantized from
-    the weight), its weight (and the model's views of it) overwritten with the
-    dequantized values; unchanged where the kernel cannot take it."""
+    """``projection`` in int8 for ``method`` (``prequantized``'s weights where it has
+    them, else quantized from the weight), its weight (and the model's views of it)
+    overwritten with the dequantized values; unchanged where the kernel cannot take it."""
     weight = projection.weight
     if isinstance(projection, Int8Projection) or not _kernel_takes(weight):
         return projection
@@ -127,7 +209,10 @@ def quantize_projection(
     # The oneDNN copy of the old values goes before the new one is made: at load no
     # more than one fp32 copy of a weight's values is ever held beside the weight.
     projection.packed = None
-    return Int8Projection(weight, projection.bias, int8)
+    dynamic = method == "w8a8"
+    if dynamic:
+        _pack(int8)
+    return Int8Projection(weight, projection.bias, int8, dynamic)
 
 
 def _kernel_takes(weight: torch.Tensor) -> bool:
@@ -159,22 +244,35 @@ def quantize_forward(
             f"model {name}: --quantization {method} runs on the CPU only; on "
             f"{forward.embed_weight.device.type} serve it without --quantization"
         )
+    if method == "w8a8" and not w8a8_available():
+        raise UnsupportedModel(
+            f"model {name}: --quantization w8a8 needs torch's fbgemm and a CPU with VNNI "
+            f"(one of {', '.join(sorted(VNNI_FLAGS))}), and this one has not both; serve it "
+            "with --quantization int8"
+        )
     done: list[Projection] = []
     read: list[Int8Weight] = []
     if prequantized is not None:
         prequantized = _noting(prequantized, read)
+
+    def quantize(projection: Projection) -> Projection:
+        quantized = quantize_projection(projection, prequantized, method)
+        done.append(quantized)
+        return quantized
+
     for layer in forward.layers:
         if isinstance(layer.mixer, Attention):
-            layer.mixer.qkv = _quantized(layer.mixer.qkv, done, prequantized)
-            layer.mixer.o = _quantized(layer.mixer.o, done, prequantized)
-        _quantize_mlp(layer.mlp, done, prequantized)
-    forward.lm_head = _quantized(forward.lm_head, done, prequantized)
+            layer.mixer.qkv = quantize(layer.mixer.qkv)
+            layer.mixer.o = quantize(layer.mixer.o)
+        _quantize_mlp(layer.mlp, quantize)
+    forward.lm_head = quantize(forward.lm_head)
     int8 = [p.int8 for p in done if isinstance(p, Int8Projection)]
     log.info(
-        "quantized %d of %d projections to int8 (%d MiB of int8 weights; %d read from "
-        "a GGUF file's Q8_0 blocks)",
+        "quantized %d of %d projections to int8 for %s (%d MiB of int8 weights; %d read "
+        "from a GGUF file's Q8_0 blocks)",
         len(int8),
         len(done),
+        method,
         sum(w.num_bytes for w in int8) >> 20,
         len(read),
     )
@@ -193,26 +291,13 @@ def _noting(prequantized: Prequantized, read: list[Int8Weight]) -> Prequantized:
 
 
 def _quantize_mlp(
-    mlp: GatedMLP | SparseMoe | SharedExpertMoe,
-    done: list[Projection],
-    prequantized: Prequantized | None,
+    mlp: GatedMLP | SparseMoe | SharedExpertMoe, quantize: Callable[[Projection], Projection]
 ) -> None:
     if isinstance(mlp, SharedExpertMoe):
-        _quantize_mlp(mlp.shared, done, prequantized)
-        _quantize_mlp(mlp.sparse, done, prequantized)
+        _quantize_mlp(mlp.shared, quantize)
+        _quantize_mlp(mlp.sparse, quantize)
     elif isinstance(mlp, GatedMLP):
-        mlp.gate_up = _quantized(mlp.gate_up, done, prequantized)
-        mlp.down = _quantized(mlp.down, done, prequantized)
+        mlp.gate_up = quantize(mlp.gate_up)
+        mlp.down = quantize(mlp.down)
     elif mlp.packed is not None:  # the experts as projections (fp32 on the CPU)
-        mlp.packed = [
-            (_quantized(a, done, prequantized), _quantized(b, done, prequantized))
-            for a, b in mlp.packed
-        ]
-
-
-def _quantized(
-    projection: Projection, done: list[Projection], prequantized: Prequantized | None
-) -> Projection:
-    quantized = quantize_projection(projection, prequantized)
-    done.append(quantized)
-    return quantized
+        mlp.packed = [(quantize(a), quantize(b)) for a, b in mlp.packed]

@@ -54,17 +54,22 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 @cache
-def native_bf16() -> bool:
-    """Whether this CPU computes in bf16 itself (AVX512-BF16 or AMX-BF16), read from
-    the kernel's CPU flags (torch's ``get_cpu_capability`` names AVX512 alone)."""
+def cpu_flags() -> frozenset[str]:
+    """This CPU's instruction-set flags, from the kernel's ``/proc/cpuinfo`` (torch's
+    ``get_cpu_capability`` names AVX512 alone); none where there is no such file."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return not NATIVE_BF16_FLAGS.isdisjoint(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return frozenset()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes in bf16 itself (AVX512-BF16 or AMX-BF16)."""
+    return not NATIVE_BF16_FLAGS.isdisjoint(cpu_flags())
 
 
 def eos_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:

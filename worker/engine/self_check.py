@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 # Largest |engine - transformers| logit, as a share of max(1, largest |logit|).
 TOLERANCES = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 3e-2}
+# With --quantization w8a8 each row's activations enter a projection in 8 bits: 255
+# levels over the row's range, coarser than bf16's 8-bit mantissa per value.
+W8A8_TOLERANCE = 0.1
 PROBES = (
     "The quick brown fox jumps over the lazy dog, and the dog sleeps on.",
     "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\nprint(fib(10))",
@@ -74,9 +77,11 @@ def self_check(runner: ModelRunner, name: str) -> float:
 
 
 def _tolerance(runner: ModelRunner) -> float:
-    """The dtype's; with quantized weights, bf16's: the reference runs on the same
-    (dequantized) weights, and the int8 kernel takes its activations in bf16
-    (``worker.engine.quantization``)."""
+    """The dtype's; with quantized weights, bf16's (the reference runs on the same
+    dequantized weights, and the int8 kernel takes its activations in bf16) or
+    w8a8's (``worker.engine.quantization``)."""
+    if runner.quantization == "w8a8":
+        return W8A8_TOLERANCE
     if runner.quantization is not None:
         return TOLERANCES[torch.bfloat16]
     return TOLERANCES.get(runner.dtype, TOLERANCES[torch.float32])

@@ -18,6 +18,7 @@ from worker.engine.models.decoder import DecoderModel
 from worker.engine.speculative.config import SpeculativeConfig
 
 from .conftest import TinyModels
+from .test_quantization import NEEDS_W8A8
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -98,12 +99,15 @@ def test_compiled_speculative_steps_give_the_eager_tokens(tiny_models: TinyModel
     assert got == tokens(eager)
 
 
-def test_compiled_int8_steps_give_the_eager_int8_tokens(tiny_models: TinyModels) -> None:
+@pytest.mark.parametrize("method", ["int8", pytest.param("w8a8", marks=NEEDS_W8A8)])
+def test_compiled_int8_steps_give_the_eager_int8_tokens(
+    method: str, tiny_models: TinyModels
+) -> None:
     path = tiny_models(SPECS_BY_NAME["llama"])
-    engine, compiled = compiled_engine(path, quantization="int8")
+    engine, compiled = compiled_engine(path, quantization=method)
     got = run(engine, 3)
     assert compiled.num_steps > 0
-    assert_matches(got, eager_run(path, 3, quantization="int8"), LOGPROB_TOLERANCE)
+    assert_matches(got, eager_run(path, 3, quantization=method), LOGPROB_TOLERANCE)
 
 
 def test_a_model_with_experts_is_refused_with_compile(tiny_models: TinyModels) -> None:

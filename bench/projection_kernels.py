@@ -1,0 +1,144 @@
+"""Which kernel reads a decode step's weights fastest on this CPU: each projection of
+the default model (a layer's fused q/k/v, output, fused gate/up and down, and the LM
+head) timed alone, one thread, at 1, 4 and 8 rows, through every candidate torch has:
+
+- ``fp32``: oneDNN's linear on its packed fp32 weight (the engine's fp32 path);
+- ``int8``: ``aten._weight_int8pack_mm``, int8 weights and bf16 activations
+  (``--quantization int8``);
+- ``w8a8``: fbgemm's dynamic int8 linear, each row's activations quantized to 8 bits
+  (``--quantization w8a8``; rows one at a time, as the engine runs them);
+- ``int4``: ``aten._weight_int4pack_mm_for_cpu``, 4-bit weights in groups of 32 and
+  bf16 activations (what an ``int4`` method would run);
+- ``bf16``: oneDNN's linear on bf16 weights and activations (``--dtype bfloat16``).
+
+    python bench/projection_kernels.py              # rows 1 4 8
+    python bench/projection_kernels.py --rows 1
+
+Each figure is the mean of many calls on one weight, which then sits in the CPU's
+caches: a whole step, which reads every layer's weights once, is slower. The sum
+over a step (every layer once and the LM head) ranks the kernels; ``bench/latency.py``
+measures the steps themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worker.engine.quantization import w8a8_available
+from worker.model_store import resolve_model
+
+INT4_GROUP = 32
+CALLS = 200
+WARM_UP_CALLS = 5
+
+
+def projections(model: str) -> dict[str, tuple[int, int, int]]:
+    """Each projection's ``(out, in, times a step runs it)``."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_model(model))
+    hidden, inner = config.hidden_size, config.intermediate_size
+    head = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    kv = config.num_key_value_heads * head
+    layers = config.num_hidden_layers
+    return {
+        "q/k/v": (config.num_attention_heads * head + 2 * kv, hidden, layers),
+        "output": (hidden, config.num_attention_heads * head, layers),
+        "gate/up": (2 * inner, hidden, layers),
+        "down": (hidden, inner, layers),
+        "LM head": (config.vocab_size, hidden, 1),
+    }
+
+
+Kernel = Callable[[torch.Tensor], torch.Tensor]
+
+
+def kernels(weight: torch.Tensor) -> dict[str, Kernel]:
+    """Every candidate's call on ``weight`` ``[out, in]``, its weights prepared once."""
+    out_features, in_features = weight.shape
+    scales = weight.abs().amax(dim=1) / 127
+    values = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    bf16_scales = scales.to(torch.bfloat16)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+    bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16))
+    found: dict[str, Kernel] = {
+        "fp32": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+        "int8": lambda x: torch.ops.aten._weight_int8pack_mm(
+            x.to(torch.bfloat16), values, bf16_scales
+        ),
+    }
+    if w8a8_available():
+        with warnings.catch_warnings():  # torch 2.13 calls quantized tensors deprecated
+            warnings.simplefilter("ignore")
+            zero_points = torch.zeros(out_features, dtype=torch.long)
+            quantized = torch._make_per_channel_quantized_tensor(
+                values, scales.double(), zero_points, 0
+            )
+            torch.backends.quantized.engine = "fbgemm"
+            prepacked = torch.ops.quantized.linear_prepack(quantized, None)
+        found["w8a8"] = lambda x: torch.cat(
+            [
+                torch.ops.quantized.linear_dynamic(x[i : i + 1], prepacked, False)
+                for i in range(len(x))
+            ]
+        )
+    groups = weight.view(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    step = (high - low).clamp(min=1e-8) / 15
+    nibbles = torch.round((groups - low[..., None]) / step[..., None]).clamp(0, 15)
+    int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        nibbles.to(torch.int32).view(out_features, in_features), 1
+    )
+    # Scales and zero points ``[groups, out, 2]``, the zero point at the middle code.
+    scales_zeros = torch.stack([step.t(), (low + 8 * step).t()], dim=-1).to(torch.bfloat16)
+    found["int4"] = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x.to(torch.bfloat16), int4, INT4_GROUP, scales_zeros.contiguous()
+    )
+    found["bf16"] = lambda x: torch.ops.mkldnn._linear_pointwise(
+        x.to(torch.bfloat16), bf16, None, "none", [], ""
+    )
+    return found
+
+
+def time_ms(kernel: Kernel, x: torch.Tensor) -> float:
+    for _ in range(WARM_UP_CALLS):
+        kernel(x)
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        kernel(x)
+    return (time.perf_counter() - started) / CALLS * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    shapes = projections(args.model)
+    for rows in args.rows:
+        step: dict[str, float] = {}
+        print(f"{rows} row(s): ms per call, one thread")
+        for name, (out_features, in_features, times) in shapes.items():
+            weight = torch.randn(out_features, in_features) * 0.02
+            x = torch.randn(rows, in_features)
+            figures = {k: time_ms(kernel, x) for k, kernel in kernels(weight).items()}
+            for kernel, ms in figures.items():
+                step[kernel] = step.get(kernel, 0.0) + ms * times
+            print(f"  {name:8s} " + "  ".join(f"{k} {ms:7.3f}" for k, ms in figures.items()))
+        summed = (f"{k} {ms:6.1f} ms ({step['fp32'] / ms:4.2f}x fp32)" for k, ms in step.items())
+        print("  a step's projections, summed: " + "  ".join(summed))
+
+
+if __name__ == "__main__":
+    main()
