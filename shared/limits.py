@@ -37,7 +37,8 @@ class ModelLimits(BaseModel):
 
     vocab_size: int = Field(ge=1)
     max_model_len: int = Field(ge=1, description="prompt plus generated tokens of a request")
-    embedding_size: int | None = Field(None, ge=1)
+    embedding_size: int | None = Field(None, ge=1, description="None: it computes none")
+    generates: bool = Field(True, description="it generates (a pooling worker embeds only)")
     guided: bool = Field(True, description="it serves structured outputs (guided_*)")
     prompt_scores: bool = Field(True, description="it scores prompts (prompt_logprobs)")
     max_bytes_per_token: int | None = Field(
@@ -50,6 +51,8 @@ class ModelLimits(BaseModel):
         if problem is not None:
             code, param, detail = problem
             raise RequestRefused(code, param, f"invalid request for model {req.model!r}: {detail}")
+        if req.task in ("generate", "embed"):
+            self._check_task(req)
         if req.sampling.guided and not self.guided:
             raise MissingCapability(req.model, "structured outputs")
         if req.sampling.prompt_logprobs is not None and not self.prompt_scores:
@@ -57,6 +60,23 @@ class ModelLimits(BaseModel):
                 "prompt_logprobs",
                 f"prompt_logprobs: no worker of model {req.model!r} scores prompts (its "
                 "workers run vLLM's engine); leave prompt_logprobs and echo out",
+            )
+
+    def _check_task(self, req: GenerationRequest) -> None:
+        """Refuse a task no worker of the model runs: embeddings where none computes
+        them (vLLM generating workers), tokens where all pool (vLLM pooling workers)."""
+        if req.task == "embed" and self.embedding_size is None:
+            raise invalid(
+                "task",
+                f"task: no worker of model {req.model!r} computes embeddings (its workers "
+                "run vLLM's engine to generate); embed with a model served by a pooling "
+                "worker (--runner pooling) or the built-in engine",
+            )
+        if req.task == "generate" and not self.generates:
+            raise invalid(
+                "task",
+                f"task: the workers of model {req.model!r} compute embeddings only (vLLM's "
+                "pooling runner); send generation to a generating model",
             )
 
 
@@ -81,6 +101,7 @@ def merged(limits: Iterable[ModelLimits]) -> ModelLimits | None:
         vocab_size=max(x.vocab_size for x in every),
         max_model_len=max(x.max_model_len for x in every),
         embedding_size=max(sizes) if sizes else None,
+        generates=any(x.generates for x in every),
         guided=any(x.guided for x in every),
         prompt_scores=any(x.prompt_scores for x in every),
         # A worker that did not say may take any text: then no text is bounded.

@@ -64,7 +64,8 @@ def engine_config(model: str, flags: Flags) -> EngineConfig | SimConfig | VllmEn
     if engine not in ENGINES:
         raise ValueError(f"--engine {engine!r}: give one of {', '.join(ENGINES)}")
     if engine == "vllm":
-        return vllm_engine_config(model, flags.of(VllmOptions), _vllm_shared(flags))
+        pooling = flags.options_of(EngineConfig)["pooling"]  # the built-in's, for a pooler
+        return vllm_engine_config(model, flags.of(VllmOptions), _vllm_shared(flags), pooling)
     if is_sim(model):
         sim = SimConfig.parse(model)
         lora = flags.options_of(EngineConfig)

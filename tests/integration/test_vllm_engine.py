@@ -20,7 +20,7 @@ import redis
 from producer.client import Client, Handle
 from producer.embedded import EmbeddedRedis
 from shared.keys import Keys
-from shared.models import FinalEvent, RequestState, TokenEvent
+from shared.models import FinalEvent, FinishReason, RequestState, TokenEvent
 from shared.settings import DEFAULT_MODEL, get_settings
 from tests.integration.vllm_stack import (
     MAX_NUM_SEQS,
@@ -287,9 +287,25 @@ def test_hostile_requests_get_a_4xx_naming_the_field_and_the_worker_lives(
 def test_embeddings_are_refused_at_submit_by_name(vllm_stack: VllmStack) -> None:
     body = {"model": DEFAULT_MODEL, "input": "Hello"}
     reply = httpx.post(f"{vllm_stack.gateway_url}/v1/embeddings", json=body, timeout=60)
-    assert 400 <= reply.status_code < 500, reply.text
-    assert "embed" in reply.text
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "task"
+    assert "computes embeddings" in error["message"] and "--runner pooling" in error["message"]
     assert vllm_stack.alive()
+
+
+def test_an_embed_request_that_reaches_it_is_refused_and_it_serves_on(client: Client) -> None:
+    # A client that read the model's limits before this worker registered them (the
+    # cache keeps them LIMITS_CACHE_S): its embed request reaches the worker.
+    client._limits.ttl_s = 3600.0
+    client._limits._keep(DEFAULT_MODEL, None)
+    (handle,) = client.submit_many([{"model": DEFAULT_MODEL, "prompt": "Hello", "task": "embed"}])
+    result = handle.result(RESULT_TIMEOUT_S)
+    assert result.embedding is None and result.refusal is not None
+    assert result.refusal.param == "task"
+    assert "computes no embeddings" in result.refusal.message
+    after = client.submit("Hello", max_tokens=4, temperature=0.0).result(RESULT_TIMEOUT_S)
+    assert after.finish_reason is FinishReason.LENGTH and len(after.token_ids) == 4
 
 
 def test_json_object_through_the_gateway_is_a_json_object(vllm_stack: VllmStack) -> None:

@@ -106,3 +106,38 @@ def test_prompt_scoring_is_refused_at_submit_while_no_worker_scores_prompts() ->
     assert refused.value.refusal.param == "prompt_logprobs"
     check_limits(merged([unscoring, LIMITS]), [scoring])  # a built-in worker scores it
     check_limits(unscoring, [GenerationRequest(model=DEFAULT_MODEL, prompt="hi")])
+
+
+GENERATING = LIMITS.model_copy(update={"embedding_size": None})  # vLLM's generating engine
+POOLING = LIMITS.model_copy(update={"generates": False})  # vLLM's pooling runner
+EMBED = GenerationRequest(model=DEFAULT_MODEL, prompt="hi", task="embed")
+GENERATE = GenerationRequest(model=DEFAULT_MODEL, prompt="hi")
+
+
+def test_an_embed_is_refused_at_submit_while_no_worker_computes_embeddings(
+    client: Client,
+) -> None:
+    register(client, "w1", GENERATING)
+    with pytest.raises(RequestRefused, match="computes embeddings") as refused:
+        client.embed("hi", timeout=1)
+    assert refused.value.refusal.param == "task"
+    assert client.redis.zcard(KEYS.queue(model_tag(DEFAULT_MODEL))) == 0
+    check_limits(GENERATING, [GENERATE])
+
+
+def test_generation_is_refused_at_submit_while_every_worker_pools(client: Client) -> None:
+    register(client, "w1", POOLING)
+    with pytest.raises(RequestRefused, match="compute embeddings only") as refused:
+        client.submit("hi")
+    assert refused.value.refusal.param == "task"
+    assert client.redis.zcard(KEYS.queue(model_tag(DEFAULT_MODEL))) == 0
+    check_limits(POOLING, [EMBED])
+
+
+def test_a_worker_of_each_kind_takes_both_tasks() -> None:
+    both = merged([GENERATING, POOLING])
+    assert both is not None and both.generates and both.embedding_size == 64
+    check_limits(both, [EMBED, GENERATE])
+    tokenize = GenerationRequest(model=DEFAULT_MODEL, prompt="hi", task="tokenize")
+    check_limits(POOLING, [tokenize])  # answered by the tokenizer, not the model
+    check_limits(GENERATING, [tokenize])

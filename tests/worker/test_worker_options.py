@@ -81,3 +81,21 @@ def test_speculative_config_reaches_vllm_as_the_same_json() -> None:
     assert shared == {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
     with pytest.raises(ValueError, match="--speculative-config: not valid JSON"):
         _vllm_shared(Flags({**flags.values, "speculative_config": "{ngram"}))
+
+
+def test_a_pooling_vllm_worker_takes_the_built_in_engines_pooling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.vllm_engine import config as vllm_config
+
+    names = ["runner", "pooler_config", *vllm_config.DEFAULT_ENGINE_ARGS]
+    monkeypatch.setattr(vllm_config, "engine_arg_names", lambda: names)  # no vLLM here
+    flags = Flags.defaults(
+        WorkerOptions, EngineConfig, VllmOptions, engine="vllm", runner="pooling", pooling="cls"
+    )
+    config = engine_config("org/model", flags)
+    assert isinstance(config, vllm_config.VllmEngineConfig)
+    assert config.engine_args["runner"] == "pooling"
+    assert config.engine_args["pooler_config"] == {"pooling_type": "CLS"}
+    shown = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "200"})
+    assert "--runner" in shown.output and "--convert" in shown.output

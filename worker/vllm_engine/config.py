@@ -27,6 +27,9 @@ DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "disable_log_stats": False,
     "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
 }
+# The built-in engine's --pooling as vLLM's pooler (``PoolerConfig.pooling_type``), for a
+# worker asked to pool: both engines embed alike unless told otherwise.
+POOLING_TYPES = {"mean": "MEAN", "last": "LAST", "cls": "CLS"}
 # With LoRA on, the adapter limits are the built-in engine's flags (their defaults too).
 LORA_LIMITS = ("max_loras", "max_lora_rank")
 
@@ -54,19 +57,27 @@ class VllmEngineConfig:
 
 
 def vllm_engine_config(
-    model: str, opts: VllmOptions, shared: Mapping[str, Any]
+    model: str, opts: VllmOptions, shared: Mapping[str, Any], pooling: str = "mean"
 ) -> VllmEngineConfig:
     """The engine arguments asked for (``options.engine_arg_values``) over tokenq's
-    defaults (and, with ``enable_lora``, the built-in engine's adapter limits);
-    VllmOptionError naming any key ``EngineArgs`` lacks, VllmMissing when vLLM is not
-    installed."""
+    defaults (with ``enable_lora``, the built-in engine's adapter limits; with
+    ``runner`` pooling, its ``pooling`` as vLLM's pooler); VllmOptionError naming any
+    key ``EngineArgs`` lacks, VllmMissing when vLLM is not installed."""
     asked = engine_arg_values(opts, shared)
     values = {**DEFAULT_ENGINE_ARGS, **(_lora_defaults() if asked.get("enable_lora") else {})}
+    if asked.get("runner") == "pooling":
+        values["pooler_config"] = _pooler(pooling)
     values.update(asked)
     check_known(values, engine_arg_names())
     if "model" in values:
         raise VllmOptionError("give the model as --model, not as an engine argument")
     return VllmEngineConfig(model=model, engine_args=values)
+
+
+def _pooler(pooling: str) -> dict[str, Any]:
+    if pooling not in POOLING_TYPES:
+        raise VllmOptionError(f"--pooling {pooling!r}: use one of {', '.join(POOLING_TYPES)}")
+    return {"pooling_type": POOLING_TYPES[pooling]}
 
 
 def _lora_defaults() -> dict[str, Any]:

@@ -5,6 +5,8 @@ engine-core process. This side keeps, per request, what tokenq's outputs need: i
 sequence of tokens, its text state (tokenq's detokenizer and stop-string matcher, so that
 text, stop strings and ``stop_sequence`` are the built-in engine's, resumed requests
 included), its deadline; and it turns each step's token deltas into tokenq's outputs.
+Started with vLLM's pooling runner, it answers embed requests instead, each with vLLM's
+pooled vector (``mapping.embedding_of``).
 Only this module and ``stat_logger`` import vLLM, and only a worker started with
 ``--engine vllm`` imports them.
 """
@@ -20,7 +22,7 @@ from functools import cached_property
 from typing import Any
 
 from transformers import AutoTokenizer
-from vllm import SamplingParams, TokensPrompt
+from vllm import PoolingParams, SamplingParams, TokensPrompt
 from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -40,6 +42,8 @@ from worker.vllm_engine.figures import Figures
 from worker.vllm_engine.guard import start_guard
 from worker.vllm_engine.mapping import (
     FINISH_REASONS,
+    check_embed,
+    embedding_of,
     guide_name,
     logprob_entry,
     prompt_logprob_entries,
@@ -78,6 +82,9 @@ class VllmEngine(TokenizerPrompts):
         self.llm = start_engine(config, self.figures)
         vllm_config = self.llm.vllm_config
         self.model_config = vllm_config.model_config
+        # vLLM's pooling runner (``--runner pooling``, or a model vLLM pools by itself):
+        # embeddings only, as vLLM runs no model both ways.
+        self.pools: bool = self.model_config.runner_type == "pooling"
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
         self.config = replace(config, max_num_seqs=self.max_num_seqs)
         self.adapters = Adapters(self.llm, vllm_config.lora_config)
@@ -99,7 +106,9 @@ class VllmEngine(TokenizerPrompts):
     # What the worker registers.
     @property
     def embedding_size(self) -> int | None:
-        return None  # generation only (``mapping.refuse_unmapped``)
+        """A pooling worker's embedding length (the model's hidden size); None for a
+        generating one, which computes none (``mapping.refuse_unmapped``)."""
+        return self.model_config.get_hidden_size() if self.pools else None
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -112,8 +121,9 @@ class VllmEngine(TokenizerPrompts):
         return ModelLimits(
             vocab_size=self.vocab_size,
             max_model_len=self.max_model_len,
-            embedding_size=None,
-            guided=guided,
+            embedding_size=self.embedding_size,
+            generates=not self.pools,
+            guided=guided and not self.pools,
             # vLLM's prompt_logprobs (``mapping.prompt_logprob_entries``), but with LoRA
             prompt_scores=self.adapters.max_loras == 0,
             max_bytes_per_token=self._max_bytes_per_token,
@@ -162,11 +172,7 @@ class VllmEngine(TokenizerPrompts):
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt.hex()
         guide = structured_outputs(req.sampling)
-        params = SamplingParams(
-            **sampling_kwargs(req),
-            structured_outputs=None if guide is None else StructuredOutputsParams(**guide),
-            output_kind=RequestOutputKind.DELTA,
-        )
+        params = self._params(req, guide)
         try:
             lora_request = self.adapters.request(req.lora)
         except RequestRefused:
@@ -185,12 +191,24 @@ class VllmEngine(TokenizerPrompts):
             # What tokenq has not checked itself, before: the grammar vLLM compiles.
             raise invalid(guide_name(req.sampling), f"vLLM refused the request: {e}") from e
 
+    def _params(self, req: EngineRequest, guide: dict[str, str] | None) -> Any:
+        if req.embed:  # vLLM's whole, L2-normalised vector: ``dimensions`` kept here
+            return PoolingParams(task="embed")
+        return SamplingParams(
+            **sampling_kwargs(req),
+            structured_outputs=None if guide is None else StructuredOutputsParams(**guide),
+            output_kind=RequestOutputKind.DELTA,
+        )
+
     def _validate(self, req: EngineRequest) -> None:
         if not req.prompt_token_ids:
             raise invalid("prompt", "prompt: it has no tokens")
         if req.request_id in self._live:
             raise ValueError(f"request {req.request_id} is already in the engine")
-        refuse_unmapped(req, serves_lora=self.adapters.max_loras > 0)
+        refuse_unmapped(req, serves_lora=self.adapters.max_loras > 0, pools=self.pools)
+        if req.embed:
+            check_embed(req, self.max_model_len, self.embedding_size)
+            return
         check_prompt_length(req)  # prompt_logprobs' bound, as the built-in engine's
         num_needed = len(req.prompt_token_ids) + req.sampling.max_tokens
         if num_needed > self.max_model_len:
@@ -271,6 +289,8 @@ class VllmEngine(TokenizerPrompts):
         live = self._live.get(vllm_out.request_id)
         if live is None:  # ended on this side meanwhile
             return None
+        if live.seq.request.embed:
+            return self._embedding(live, vllm_out)
         completion = vllm_out.outputs[0]
         seq, num_top = live.seq, live.seq.sampling.logprobs or 0
         if vllm_out.finished:
@@ -297,6 +317,16 @@ class VllmEngine(TokenizerPrompts):
             end.prompt_logprobs = live.prompt_logprobs
             return end
         return merged
+
+    def _embedding(self, live: Live, vllm_out: Any) -> RequestOutput | None:
+        """vLLM's ``PoolingRequestOutput`` as tokenq's: no tokens, the vector."""
+        if not vllm_out.finished:
+            return None
+        live.in_vllm = False
+        seq = live.seq
+        out = RequestOutput.ended(seq.request_id, FinishReason.STOP, seq.num_prompt_tokens, 0)
+        out.embedding = embedding_of(vllm_out.outputs.data.tolist(), seq.request.dimensions)
+        return self._ended(vllm_out, out)
 
     def _prompt_scores(self, live: Live, vllm_out: Any) -> RequestOutput | None:
         """Keep the prompt logprobs vLLM gives with a request's first output; a request

@@ -11,18 +11,24 @@ tokenq's registry as vLLM's ``LoRARequest`` (:class:`LoraIds` numbers them). Sto
 strings are matched on tokenq's side over vLLM's tokens
 (``worker.engine.token_output``), so that a request resumed on another worker matches
 across what it kept, and ends with the same text and ``stop_sequence`` on either engine.
-What does not map is refused by name (:func:`refuse_unmapped`), never dropped.
+An embed request goes to a pooling worker (``--runner pooling``) as vLLM's
+``PoolingParams(task="embed")``; its L2-normalised vector comes back as tokenq's,
+``dimensions`` kept as the built-in engine keeps them (:func:`embedding_of`). A pooling
+worker computes no tokens, a generating one no embeddings: each refuses the other's
+requests by name. What does not map is refused by name (:func:`refuse_unmapped`), never
+dropped.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
 
 from shared.models import GUIDES, FinishReason, SamplingParams
-from shared.refusal import invalid
+from shared.refusal import invalid, too_long
 from worker.engine.request import EngineRequest, LoraRef
 
 # tokenq's guided fields (``shared.models.GUIDES``) as vLLM's ``StructuredOutputsParams``
@@ -52,12 +58,24 @@ class Logprob(Protocol):
     def rank(self) -> int | None: ...
 
 
-def refuse_unmapped(req: EngineRequest, serves_lora: bool) -> None:
+# Why a request of the other kind is refused (``param: task``).
+GENERATES_ONLY = (
+    "task: this vLLM worker generates and computes no embeddings; embed on a worker "
+    "started with --runner pooling (or the built-in engine)"
+)
+POOLS_ONLY = (
+    "task: this vLLM worker computes embeddings only (started with --runner pooling); "
+    "send generation to a worker of a generating model"
+)
+
+
+def refuse_unmapped(req: EngineRequest, serves_lora: bool, pools: bool = False) -> None:
     """RequestRefused naming the first feature of ``req`` this engine does not serve
-    (``serves_lora``: it was started with LoRA on)."""
+    (``serves_lora``: it was started with LoRA on; ``pools``: it runs vLLM's pooling
+    runner, embeddings only)."""
     sampling = req.sampling
-    if req.embed:
-        raise invalid("task", "task: the vLLM engine serves generation only, not embeddings")
+    if req.embed != pools:
+        raise invalid("task", POOLS_ONLY if pools else GENERATES_ONLY)
     if req.lora is not None and not serves_lora:
         raise invalid(
             "lora", "lora: this vLLM worker serves no LoRA adapters (start it with --enable-lora)"
@@ -75,6 +93,36 @@ def refuse_unmapped(req: EngineRequest, serves_lora: bool) -> None:
             f"{guide}: a structured request resumed after its worker died cannot continue on "
             "the vLLM engine (its grammar cannot start after the tokens kept); submit it again",
         )
+
+
+def check_embed(req: EngineRequest, max_model_len: int, embedding_size: int | None) -> None:
+    """The built-in engine's bounds on an embed request (``worker.engine.input_processor``):
+    a prompt within the context, no more ``dimensions`` than the model's."""
+    num_prompt = len(req.prompt_token_ids)
+    if num_prompt >= max_model_len:
+        raise too_long(
+            "prompt",
+            f"prompt: the text to embed is {num_prompt} tokens, over the {max_model_len} "
+            "this vLLM worker takes; shorten it",
+        )
+    if (
+        req.dimensions is not None
+        and embedding_size is not None
+        and req.dimensions > embedding_size
+    ):
+        raise invalid(
+            "dimensions",
+            f"dimensions {req.dimensions} is more than this model's {embedding_size}: "
+            f"ask for {embedding_size} or fewer",
+        )
+
+
+def embedding_of(vector: Sequence[float], dimensions: int | None) -> list[float]:
+    """tokenq's embedding from vLLM's pooled vector: its first ``dimensions`` values (all
+    with None), L2-normalised, as the built-in engine's (``worker.engine.pooling``)."""
+    kept = [float(v) for v in vector[:dimensions]]
+    norm = math.sqrt(math.fsum(v * v for v in kept))
+    return [v / norm for v in kept] if norm > 0 else kept
 
 
 def guide_name(sampling: SamplingParams) -> str | None:

@@ -39,6 +39,20 @@ class VllmOptions:
     gpu_memory_utilization: float | None = field(
         default=None, metadata={"help": "vLLM: share of GPU memory it takes (default vLLM's)"}
     )
+    runner: str | None = field(
+        default=None,
+        metadata={
+            "help": "vLLM: pooling for an embeddings worker (it answers embed requests only, "
+            "pooled as --pooling says), generate for tokens (default vLLM's for the model)"
+        },
+    )
+    convert: str | None = field(
+        default=None,
+        metadata={
+            "help": "vLLM: adapt the model to the runner, e.g. embed (a causal LM as an "
+            "embedding model; vLLM's default with --runner pooling)"
+        },
+    )
     enable_lora: bool = field(
         default=False,
         metadata={

@@ -8,13 +8,19 @@ from typing import Any
 
 from transformers import GenerationConfig
 from vllm import EngineArgs
-from vllm.config import StructuredOutputsConfig
+from vllm.config import PoolerConfig, StructuredOutputsConfig
 from vllm.v1.engine.llm_engine import LLMEngine
 
 from worker.engine.errors import ModelLoadError
 from worker.engine.runner_support import eos_token_ids
 from worker.vllm_engine.config import VllmEngineConfig
 from worker.vllm_engine.figures import Figures
+
+# The engine arguments that EngineArgs takes only as vLLM's config objects.
+NESTED: dict[str, Any] = {
+    "structured_outputs_config": StructuredOutputsConfig,
+    "pooler_config": PoolerConfig,
+}
 
 
 def start_engine(config: VllmEngineConfig, figures: Figures) -> Any:
@@ -29,11 +35,11 @@ def start_engine(config: VllmEngineConfig, figures: Figures) -> Any:
 
 def engine_args(config: VllmEngineConfig) -> dict[str, Any]:
     """The engine arguments, a nested config given as a mapping as vLLM's own (EngineArgs
-    converts most of them itself, but not this one)."""
+    converts most of them itself, but not these)."""
     args = dict(config.engine_args)
-    structured = args.get("structured_outputs_config")
-    if isinstance(structured, dict):
-        args["structured_outputs_config"] = StructuredOutputsConfig(**structured)
+    for name, nested in NESTED.items():
+        if isinstance(args.get(name), dict):
+            args[name] = nested(**args[name])
     return args
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from worker.vllm_engine import config
-from worker.vllm_engine.options import VllmOptions
+from worker.vllm_engine.options import VllmOptionError, VllmOptions
 
 KNOWN = (
     "scheduling_policy",
@@ -15,6 +17,9 @@ KNOWN = (
     "max_loras",
     "max_lora_rank",
     "max_num_seqs",
+    "runner",
+    "convert",
+    "pooler_config",
 )
 
 
@@ -43,3 +48,28 @@ def test_lora_takes_the_built_in_engines_adapter_limits_unless_given() -> None:
         "m", VllmOptions(vllm_arg=["enable_lora=true", "max_loras=3"]), {}
     )
     assert by_pair.max_loras == 3
+
+
+@pytest.mark.parametrize(
+    ("pooling", "pooling_type"), [("mean", "MEAN"), ("last", "LAST"), ("cls", "CLS")]
+)
+def test_a_pooling_worker_pools_as_the_built_in_engine_unless_given(
+    pooling: str, pooling_type: str
+) -> None:
+    started = config.vllm_engine_config("m", VllmOptions(runner="pooling"), {}, pooling)
+    assert started.engine_args["runner"] == "pooling"
+    assert started.engine_args["pooler_config"] == {"pooling_type": pooling_type}
+    own = {"pooling_type": "CLS", "use_activation": False}
+    given = config.vllm_engine_config(
+        "m", VllmOptions(runner="pooling", vllm_arg=[f"pooler_config={json.dumps(own)}"]), {}
+    )
+    assert given.engine_args["pooler_config"] == own
+
+
+def test_a_generating_worker_sets_no_pooler() -> None:
+    assert "pooler_config" not in config.vllm_engine_config("m", VllmOptions(), {}).engine_args
+
+
+def test_an_unknown_pooling_is_refused_by_name() -> None:
+    with pytest.raises(VllmOptionError, match="--pooling 'max': use one of mean, last, cls"):
+        config.vllm_engine_config("m", VllmOptions(runner="pooling"), {}, "max")

@@ -12,8 +12,12 @@ from shared.refusal import RequestRefused
 from tests.worker.engine.factories import make_request
 from worker.engine.request import LoraRef
 from worker.vllm_engine.mapping import (
+    GENERATES_ONLY,
+    POOLS_ONLY,
     STRUCTURED_OUTPUTS,
     LoraIds,
+    check_embed,
+    embedding_of,
     logprob_entry,
     prompt_logprob_entries,
     refuse_unmapped,
@@ -84,7 +88,6 @@ def test_a_higher_tokenq_priority_is_a_lower_vllm_value() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"task": "embed"}, "task"),
         ({"lora": LoraRef("a", "/adapters/a")}, "lora"),  # a worker started without LoRA
         (
             {"sampling": SamplingParams(guided_regex="[a-z]+"), "output_token_ids": [7]},
@@ -186,3 +189,43 @@ def test_prompt_logprobs_are_tokenqs_entries_over_the_prompt_alone() -> None:
     assert len(entries) == 3
     with pytest.raises(ValueError, match="do not cover the 3 prompt tokens"):
         prompt_logprob_entries([4, 5, 7], scores[:2], 2, NAMES)
+
+
+def test_a_generating_worker_refuses_embeddings_and_a_pooling_one_generation() -> None:
+    with pytest.raises(RequestRefused, match="computes no embeddings") as refused:
+        refuse_unmapped(make_request([1, 2], task="embed"), serves_lora=False)
+    assert (refused.value.refusal.param, str(refused.value)) == ("task", GENERATES_ONLY)
+    with pytest.raises(RequestRefused, match="embeddings only") as refused:
+        refuse_unmapped(make_request([1, 2]), serves_lora=False, pools=True)
+    assert (refused.value.refusal.param, str(refused.value)) == ("task", POOLS_ONLY)
+
+
+def test_each_worker_takes_its_own_task() -> None:
+    refuse_unmapped(make_request([1, 2]), serves_lora=False)
+    refuse_unmapped(make_request([1, 2], task="embed", dimensions=4), serves_lora=False, pools=True)
+
+
+def test_an_embedding_is_vllms_vector_normalised_whole() -> None:
+    assert embedding_of([0.6, 0.8], None) == pytest.approx([0.6, 0.8])
+    assert embedding_of([3.0, 4.0], None) == pytest.approx([0.6, 0.8])
+
+
+def test_dimensions_keep_the_first_values_normalised_again() -> None:
+    vector = [0.5, 0.5, 0.5, 0.5]
+    kept = embedding_of(vector, 2)
+    assert kept == pytest.approx([2**-0.5, 2**-0.5])
+    assert sum(v * v for v in kept) == pytest.approx(1.0)
+
+
+def test_a_zero_vector_stays_zero() -> None:
+    assert embedding_of([0.0, 0.0, 0.0], 2) == [0.0, 0.0]
+
+
+def test_an_embed_request_is_bounded_as_the_built_in_engine_bounds_it() -> None:
+    check_embed(make_request([1] * 7, task="embed", dimensions=8), 8, 8)
+    with pytest.raises(RequestRefused, match="the text to embed is 8 tokens") as refused:
+        check_embed(make_request([1] * 8, task="embed"), 8, 8)
+    assert refused.value.refusal.param == "prompt"
+    with pytest.raises(RequestRefused, match="ask for 8 or fewer") as refused:
+        check_embed(make_request([1], task="embed", dimensions=9), 8, 8)
+    assert refused.value.refusal.param == "dimensions"
