@@ -75,7 +75,12 @@ class TimedForward:
 
 
 # What each name in ``--weights`` loads: the engine's dtype and its quantization.
-WEIGHTS = {"fp32": ("float32", None), "int8": ("float32", "int8"), "bf16": ("bfloat16", None)}
+WEIGHTS = {
+    "fp32": ("float32", None),
+    "int8": ("float32", "int8"),
+    "w8a8": ("float32", "w8a8"),
+    "bf16": ("bfloat16", None),
+}
 
 
 def decoding_engine(model: str, rows: int, weights: str, args: Any, mode: str = "eager") -> Engine:
