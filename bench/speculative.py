@@ -5,16 +5,21 @@ input-grounded workload of its own (summaries, code edits, extraction:
 
     python bench/speculative.py                     # 2 rounds, one thread, k=4
     python bench/speculative.py --rounds 3 --num-speculative-tokens 3
-    python bench/speculative.py --batch-sizes 1,2,4,8 --rounds 1
+    python bench/speculative.py --streams 1 2 4 8 16 --rounds 2
 
 Each request runs alone (one stream) on one engine, then on the other, so a busy
 neighbour slows both alike: compare the ratio, not absolutes across runs. Both
 engines' greedy outputs are the same tokens (checked), so they do the same work.
 Printed: tokens/s of each over the whole workload (median of the rounds), their
 ratio, and the speculative engine's acceptance rate, tokens per verified step and
-decode steps per generated token. ``--batch-sizes`` also runs that many requests at
-once on each, speculating at every batch size, to find where speculation stops
-paying (``disable_by_batch_size``).
+decode steps per generated token.
+
+``--streams N ...`` runs the workload N requests at once instead (in groups of N,
+cycled to at least one group), each group on one engine then the other, the order
+swapped every round, speculating at every N. Printed per N: tokens/s off and on
+(medians), on/off (the median of the rounds' ratios), the acceptance, and the
+largest N where on/off stays above 1.0: where speculation stops paying
+(``disable_by_batch_size``). ``--batch-sizes 1,2,4,8`` is the older spelling.
 """
 
 from __future__ import annotations
@@ -33,56 +38,35 @@ import torch
 
 from shared.models import SamplingParams
 from worker.engine import Engine, EngineConfig, EngineRequest
+from worker.engine.config import CPU_DEFAULTS
 from worker.engine.speculative.config import SpeculativeConfig
 from worker.model_store import resolve_model
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
+CPU_MAX_NUM_SEQS = CPU_DEFAULTS["max_num_seqs"]
+# Each request's task, chat prompt as token ids, and max_tokens.
+Workload = list[tuple[str, list[int], int]]
 
 
-def load(name: str, engine: Engine) -> list[tuple[str, list[int], int]]:
+def load(name: str, engine: Engine) -> Workload:
     """Each row's task, chat prompt as token ids, and max_tokens."""
     rows = [json.loads(line) for line in (WORKLOADS / name).read_text().splitlines() if line]
     return [(row["task"], engine.encode_chat(row["messages"]), row["max_tokens"]) for row in rows]
 
 
-def run(engine: Engine, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
-    """Greedy outputs of ``prompts`` run at once, and the wall time they took."""
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    requests = [
-        EngineRequest(f"spec-{time.monotonic_ns()}-{i}", p, sampling) for i, p in enumerate(prompts)
-    ]
-    started = time.perf_counter()
-    results = engine.generate(requests)
-    elapsed_s = time.perf_counter() - started
-    return [
-        [t for o in results[r.request_id] for t in o.new_token_ids] for r in requests
-    ], elapsed_s
-
-
-def one_stream_round(
-    plain: Engine, spec: Engine, workload: list[tuple[str, list[int], int]]
-) -> dict[str, float]:
+def one_stream_round(plain: Engine, spec: Engine, workload: Workload) -> dict[str, float]:
     """Every request alone on each engine in turn; tokens/s of each, and agreement."""
     totals = {"plain_s": 0.0, "spec_s": 0.0, "tokens": 0.0, "steps": 0.0, "mismatches": 0.0}
     for _, prompt, max_tokens in workload:
-        (expected,), plain_s = run(plain, [prompt], max_tokens)
+        (expected,), plain_s = run_group(plain, [(prompt, max_tokens)])
         steps_before = spec.num_steps
-        (got,), spec_s = run(spec, [prompt], max_tokens)
+        (got,), spec_s = run_group(spec, [(prompt, max_tokens)])
         totals["steps"] += spec.num_steps - steps_before - 1  # its decode steps
         totals["plain_s"] += plain_s
         totals["spec_s"] += spec_s
         totals["tokens"] += len(expected)
         totals["mismatches"] += got != expected
     return totals
-
-
-def batch_round(plain: Engine, spec: Engine, prompts: list[list[int]], max_tokens: int) -> float:
-    """The speculative engine's tokens/s over the plain one's, ``prompts`` at once."""
-    expected, plain_s = run(plain, prompts, max_tokens)
-    got, spec_s = run(spec, prompts, max_tokens)
-    if got != expected:
-        print("  warning: outputs differ", file=sys.stderr)
-    return plain_s / spec_s
 
 
 def main() -> None:
@@ -94,11 +78,26 @@ def main() -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--prompt-lookup-max", type=int, default=4)
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
-    parser.add_argument("--batch-sizes", default="", help="e.g. 1,2,4,8 (off by default)")
-    parser.add_argument("--no-one-stream", action="store_true", help="batch sizes only")
+    parser.add_argument(
+        "--streams", type=int, nargs="+", default=[], metavar="N", help="e.g. 1 2 4 8 16"
+    )
+    parser.add_argument("--batch-sizes", default="", help="the same as --streams, as 1,2,4,8")
+    parser.add_argument("--no-one-stream", action="store_true", help="--streams only")
+    parser.add_argument(
+        "--kv-cache-mib", type=int, default=1024, help="each engine's (64 streams need ~800)"
+    )
     args = parser.parse_args()
+    sizes = args.streams + [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    if args.rounds < 1 or any(size < 1 for size in sizes):
+        parser.error("--rounds and every number of streams must be at least 1")
     model = str(resolve_model(args.model))
-    config = EngineConfig(model=model, num_threads=args.threads or None, kv_cache_mib=256)
+    # N streams run at once: room for all of them in a step and in the KV cache.
+    config = EngineConfig(
+        model=model,
+        num_threads=args.threads or None,
+        kv_cache_mib=args.kv_cache_mib,
+        max_num_seqs=max([CPU_MAX_NUM_SEQS, *sizes]),
+    )
     speculative = SpeculativeConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         prompt_lookup_max=args.prompt_lookup_max,
@@ -108,15 +107,13 @@ def main() -> None:
     plain, spec = Engine(config), Engine(replace(config, speculative_config=speculative))
     workload = load(args.workload, plain)
     print(f"{len(workload)} requests, {torch.get_num_threads()} thread(s), {speculative}")
-    if not args.no_one_stream:
+    if not (args.no_one_stream or args.streams):  # --streams 1 is the one stream
         one_stream(plain, spec, workload, args.rounds)
-    if args.batch_sizes:
-        batches(plain, spec, workload, [int(b) for b in args.batch_sizes.split(",")], args.rounds)
+    if sizes:
+        streams(plain, spec, workload, sizes, args.rounds)
 
 
-def one_stream(
-    plain: Engine, spec: Engine, workload: list[tuple[str, list[int], int]], rounds: int
-) -> None:
+def one_stream(plain: Engine, spec: Engine, workload: Workload, rounds: int) -> None:
     rates: list[tuple[float, float]] = []
     before = spec.stats()
     for number in range(rounds):
@@ -144,19 +141,76 @@ def one_stream(
     )
 
 
-def batches(
-    plain: Engine,
-    spec: Engine,
-    workload: list[tuple[str, list[int], int]],
-    sizes: list[int],
-    rounds: int,
-) -> None:
-    prompts = [prompt for _, prompt, _ in workload]
-    max_tokens = min(m for _, _, m in workload)
+def groups(workload: Workload, num_streams: int) -> list[list[tuple[list[int], int]]]:
+    """The workload's (prompt, max_tokens) in groups of ``num_streams``, cycled so that
+    every request runs and the last group is full."""
+    count = -(-max(len(workload), num_streams) // num_streams) * num_streams
+    rows = [workload[i % len(workload)][1:] for i in range(count)]
+    return [rows[i : i + num_streams] for i in range(0, count, num_streams)]
+
+
+def run_group(engine: Engine, rows: list[tuple[list[int], int]]) -> tuple[list[list[int]], float]:
+    """Greedy outputs of ``rows`` (prompt, max_tokens) run at once, and the wall time."""
+    tag = time.monotonic_ns()
+    requests = [
+        EngineRequest(f"spec-{tag}-{i}", p, SamplingParams(max_tokens=m, temperature=0.0))
+        for i, (p, m) in enumerate(rows)
+    ]
+    started = time.perf_counter()
+    results = engine.generate(requests)
+    elapsed_s = time.perf_counter() - started
+    return [
+        [t for o in results[r.request_id] for t in o.new_token_ids] for r in requests
+    ], elapsed_s
+
+
+def streams_round(
+    plain: Engine, spec: Engine, workload: Workload, num_streams: int, spec_first: bool
+) -> tuple[float, float, int]:
+    """Tokens/s off and on over the workload run ``num_streams`` at once, each group on
+    both engines back to back (speculation first when ``spec_first``), and how many
+    outputs differed."""
+    plain_s = spec_s = 0.0
+    num_tokens = mismatches = 0
+    for rows in groups(workload, num_streams):
+        if spec_first:
+            got, on_s = run_group(spec, rows)
+            expected, off_s = run_group(plain, rows)
+        else:
+            expected, off_s = run_group(plain, rows)
+            got, on_s = run_group(spec, rows)
+        plain_s, spec_s = plain_s + off_s, spec_s + on_s
+        num_tokens += sum(map(len, expected))
+        mismatches += sum(g != e for g, e in zip(got, expected, strict=True))
+    return num_tokens / plain_s, num_tokens / spec_s, mismatches
+
+
+def streams(plain: Engine, spec: Engine, workload: Workload, sizes: list[int], rounds: int) -> None:
+    """On/off at each number of streams; the largest where speculation still pays."""
+    ratios: dict[int, float] = {}
+    print("streams | tok/s off | tok/s on | on/off | acceptance | outputs differing")
     for size in sizes:
-        batch = [prompts[i % len(prompts)] for i in range(size)]
-        ratios = [batch_round(plain, spec, batch, max_tokens) for _ in range(rounds)]
-        print(f"batch of {size}: on/off tokens/s {statistics.median(ratios):.2f}x")
+        before = spec.stats()
+        figures = [streams_round(plain, spec, workload, size, n % 2 == 1) for n in range(rounds)]
+        after = spec.stats()
+        drafted = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
+        kept = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
+        ratio = statistics.median(on / off for off, on, _ in figures)
+        rounds_text = ", ".join(f"{on / off:.2f}x" for off, on, _ in figures)
+        print(
+            f"{size:7d} | {statistics.median(f[0] for f in figures):9.1f} | "
+            f"{statistics.median(f[1] for f in figures):8.1f} | {ratio:5.2f}x | "
+            f"{kept / max(drafted, 1):10.2f} | {sum(f[2] for f in figures)}"
+            f"   (rounds: {rounds_text})",
+            flush=True,
+        )
+        ratios[size] = ratio
+    cutoff = 0
+    for size, ratio in sorted(ratios.items()):
+        if ratio <= 1.0:
+            break
+        cutoff = size
+    print(f"speculation pays (on/off > 1.0) up to {cutoff} stream(s) at once")
 
 
 if __name__ == "__main__":
