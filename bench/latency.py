@@ -8,6 +8,8 @@ same GGUF file where one is given.
     python bench/latency.py --bf16                # and bf16 weights beside them
     python bench/latency.py --rounds 3 --llama-server /work/llama-build/bin/llama-server
     python bench/latency.py --llama-server PATH --burst 64   # and 64 requests at once
+    python bench/latency.py --rounds 3 --served   # and through Redis and the gateway
+    python bench/latency.py --rounds 3 --vllm --vllm-arg enforce_eager=true
 
 Each round runs the same request on each engine in turn (both loaded in this
 process), so a busy neighbour slows both alike; compare the ratio, not absolutes
@@ -26,6 +28,14 @@ its turn in every round with the same prompt token ids, timed here over loopback
 HTTP (streamed, so its first token is seen as the engine's is). ``--burst N`` then
 runs N such requests at once, alternated the same way (the servers restarted with N
 slots). bench/README.md says how to build llama-server from PyPI's sources.
+
+``--served`` also runs the request through a real redis-server, a `tokenq worker`
+(fp32, one thread) and the HTTP gateway, as a streaming OpenAI chat completion read
+over loopback (``bench/served_stream.py``), and prints served / the engine alone (the
+median of the rounds' ratios). ``--vllm`` also runs it on vLLM's engine (``.venv-vllm``,
+``make vllm-setup``; started once, fp32, one OpenMP thread, stepped as
+``LLM.generate`` steps it: ``bench/vllm_stream.py``), with engine arguments as
+``--vllm-arg KEY=VALUE``, and prints tokenq / vLLM per engine.
 """
 
 from __future__ import annotations
@@ -48,12 +58,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import llama_server
+from bench import llama_server, served_stream
+from bench.vllm_bench import vllm_one_stream
 from shared.models import SamplingParams
 from tests.worker.engine.quant_agreement import agreement, greedy_steps, workload_prompts
 from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.engine.quantization import w8a8_available
 from worker.model_store import DEFAULT_ALIASES, find_default_gguf, gguf_source, resolve_model
+from worker.vllm_engine.options import parse_pairs
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -152,16 +164,21 @@ def bursts(
     return figures
 
 
-def print_ratios(what: str, figures: dict[str, list[float]], peers: list[str]) -> None:
-    """tokenq's tokens/s over each llama-server's, the median of the rounds' ratios (a
-    round's sides ran back to back, under the same load): a row per engine, a column
-    per file."""
-    print(f"{what}, tokenq / llama-server, median of the rounds' ratios:")
+def print_ratios(
+    what: str,
+    figures: dict[str, list[float]],
+    peers: list[str],
+    engines: list[str],
+    peer_kind: str = "llama-server",
+) -> None:
+    """Each of ``engines``' tokens/s over each peer's, the median of the rounds' ratios
+    (a round's sides ran back to back, under the same load): a row per engine, a column
+    per peer."""
+    print(f"{what}, tokenq / {peer_kind}, median of the rounds' ratios:")
     print("        " + "".join(f"{peer.split()[-1]:>8s}" for peer in peers))
-    for name, ours in figures.items():
-        if name not in peers:
-            ratios = [statistics.median(map(truediv, ours, figures[p])) for p in peers]
-            print(f"  {name:5s} " + "".join(f"{ratio:7.2f}x" for ratio in ratios))
+    for name in engines:
+        ratios = [statistics.median(map(truediv, figures[name], figures[p])) for p in peers]
+        print(f"  {name:5s} " + "".join(f"{ratio:7.2f}x" for ratio in ratios))
 
 
 def agreement_run(model: str, loaded: dict[str, Engine], workload: str) -> None:
@@ -205,6 +222,25 @@ def llama_files(args: argparse.Namespace, source: Path, scratch: Path) -> dict[s
     return named
 
 
+SERVED = "served fp32"
+VLLM = "vLLM"
+
+
+def peer_streams(servers: contextlib.ExitStack, args: argparse.Namespace) -> dict[str, Stream]:
+    """``--served`` and ``--vllm``: each started once, in ``servers``."""
+    streams: dict[str, Stream] = {}
+    if args.served:
+        flags = ("--kv-cache-mib", str(KV_CACHE_MIB))
+        url = servers.enter_context(served_stream.served(args.model, flags, num_threads=1))
+        messages = [{"role": "user", "content": PROMPT}]
+        streams[SERVED] = lambda _, num_tokens: served_stream.one_stream(
+            url, args.model, messages, num_tokens
+        )
+    if args.vllm:
+        streams[VLLM] = servers.enter_context(vllm_one_stream(parse_pairs(args.vllm_arg)))
+    return streams
+
+
 def compare(
     loaded: dict[str, Engine], files: dict[str, Path], prompt: list[int], args: argparse.Namespace
 ) -> None:
@@ -215,9 +251,19 @@ def compare(
         for name, path in files.items():
             url = servers.enter_context(llama_server.serve(args.llama_server, path, 1, slot))
             streams[name] = partial(llama_server.one_stream, url)
+        streams.update(peer_streams(servers, args))
         figures = latency(streams, prompt, args.rounds, args.tokens)
     if files:
-        print_ratios("one stream", figures, list(files))
+        print_ratios("one stream", figures, list(files), list(loaded))
+    if args.served:
+        ratios = list(map(truediv, figures[SERVED], figures["fp32"]))
+        print(
+            f"one stream through Redis and the gateway / the engine alone (fp32): "
+            f"{statistics.median(ratios):.2f}x, the median of the rounds' "
+            f"{', '.join(f'{r:.2f}x' for r in ratios)} (goal >= 0.9x)"
+        )
+    if args.vllm:
+        print_ratios("one stream", figures, [VLLM], list(loaded), "vLLM")
     if not args.burst:
         return
     with contextlib.ExitStack() as servers:
@@ -231,7 +277,7 @@ def compare(
             runs[name] = partial(llama_server.burst, url, num_requests=args.burst)
         figures = bursts(runs, prompt, args.rounds, args.tokens, args.burst)
     if files:
-        print_ratios(f"{args.burst} at once", figures, list(files))
+        print_ratios(f"{args.burst} at once", figures, list(files), list(loaded))
 
 
 def parse_args() -> argparse.Namespace:
@@ -262,7 +308,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--llama-gguf", type=Path, nargs="*", default=[], metavar="FILE", help="also serve FILE"
     )
+    parser.add_argument(
+        "--served", action="store_true", help="also through Redis, a worker and the gateway"
+    )
+    parser.add_argument("--vllm", action="store_true", help="also vLLM's engine (.venv-vllm)")
+    parser.add_argument(
+        "--vllm-arg", action="append", default=[], metavar="KEY=VALUE", help="with --vllm"
+    )
     args = parser.parse_args()
+    if args.vllm_arg and not args.vllm:
+        parser.error("--vllm-arg needs --vllm")
     if args.rounds < 1 or args.tokens < 2 or args.burst < 0:
         parser.error("--rounds must be at least 1, --tokens at least 2, --burst at least 0")
     server = args.llama_server

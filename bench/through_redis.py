@@ -117,12 +117,13 @@ def start_worker(
     model: str | None = None,
     pythonpath: Path | None = None,
     flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis", url, "--device", device]
     cmd += flags
     if model is not None:
         cmd += ["--model", model]
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     return subprocess.Popen([*cmd, "--log-level", "WARNING"], env=env, cwd=pythonpath)

@@ -4,11 +4,13 @@ engine the same two ways, alternated in one run on the same workload and dtype."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +106,45 @@ def main_vllm(rows: list[dict[str, Any]], engine_args: dict[str, Any], rounds: i
         f"(goal >= 0.9); built-in through Redis {med['builtin']:.2f}x built-in alone; "
         f"built-in / vLLM {med['alone']:.2f}x alone, {med['redis']:.2f}x through Redis"
     )
+
+
+STREAM = REPO / "bench" / "vllm_stream.py"
+# One OpenMP thread on vLLM's CPU backend (its default binds one to every core), the
+# one thread bench/latency.py gives the built-in engine.
+ONE_THREAD_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+
+
+@contextlib.contextmanager
+def vllm_one_stream(engine_args: dict[str, Any]) -> Iterator[Callable[[list[int], int], Any]]:
+    """vLLM's engine started once in ``.venv-vllm`` (``bench/vllm_stream.py``), one
+    thread, fp32 unless told; yields what runs one request on it, ``(prompt ids,
+    tokens) -> (tokens/s whole, tokens/s decoding)``."""
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"{VLLM_VENV} is missing: run  make vllm-setup")
+    pairs = [f"{k}={json.dumps(v)}" for k, v in {"dtype": "float32", **engine_args}.items()]
+    cmd = [str(python), str(STREAM), str(resolve_model(DEFAULT_MODEL)), *pairs]
+    env = {**os.environ, **VLLM_ENV, **ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None  # both piped above
+    stdin, stdout = child.stdin, child.stdout
+
+    def one_stream(prompt: list[int], num_tokens: int) -> tuple[float, float]:
+        stdin.write(json.dumps({"prompt_token_ids": prompt, "max_tokens": num_tokens}) + "\n")
+        stdin.flush()
+        while not (line := stdout.readline()).startswith("{"):  # past vLLM's log lines
+            if not line:
+                raise RuntimeError("vLLM's engine stopped (its log is above)")
+        reply = json.loads(line)
+        if reply["num_tokens"] != num_tokens:
+            raise RuntimeError(f"vLLM gave {reply['num_tokens']} tokens, not {num_tokens}")
+        return reply["whole"], reply["decode"]
+
+    try:
+        while (line := stdout.readline()) != "ready\n":  # past vLLM's log lines
+            if not line:
+                raise RuntimeError("vLLM's engine did not start (its log is above)")
+        yield one_stream
+    finally:
+        stdin.close()
+        child.wait(timeout=120)
