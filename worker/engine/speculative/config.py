@@ -9,7 +9,7 @@ tokens that followed the latest earlier occurrence of its last ``prompt_lookup_m
 (down to ``prompt_lookup_min``) tokens in its own prompt and output. Speculation stays
 off for a step of more than ``disable_by_batch_size`` sequences, where the batch already
 keeps the device busy (vLLM's key of the same name; ``bench/speculative.py
---batch-sizes`` measures where it stops paying).
+--streams`` measures where it stops paying).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import orjson
 
 METHODS = ("ngram", "draft_model")
 
-# Above this many sampling rows in a step, no row is drafted: a batch's step is no
-# longer bound by reading the weights, and verifying drafts gains less. A conservative
-# bound until measured on a quiet machine with torch's default threads
-# (bench/speculative.py --batch-sizes; docs/benchmarks.md has what was measured).
-DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+# Above this many sampling rows in a step, no row is drafted: a large batch's step is
+# no longer bound by reading the weights, and verifying drafts gains less. The largest
+# batch where speculation was measured to pay on a CPU, which is also the CPU's default
+# max_num_seqs; on a GPU it is not measured (bench/speculative.py --streams;
+# docs/how-to/speculative-decoding.md has the figures).
+DEFAULT_DISABLE_BY_BATCH_SIZE = 64
 
 
 @dataclass(frozen=True)
