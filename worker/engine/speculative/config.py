@@ -23,10 +23,10 @@ METHODS = ("ngram", "draft_model")
 
 # Above this many sampling rows in a step, no row is drafted: a large batch's step is
 # no longer bound by reading the weights, and verifying drafts gains less. The largest
-# batch where speculation was measured to pay on a CPU, which is also the CPU's default
-# max_num_seqs; on a GPU it is not measured (bench/speculative.py --streams;
-# docs/how-to/speculative-decoding.md has the figures).
-DEFAULT_DISABLE_BY_BATCH_SIZE = 64
+# batch where speculation was measured to pay on a CPU with torch's default threads
+# (on one thread it paid up to 64, the CPU's default max_num_seqs); on a GPU it is not
+# measured (bench/speculative.py --streams; docs/how-to/speculative-decoding.md).
+DEFAULT_DISABLE_BY_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
