@@ -51,11 +51,6 @@ RESULT_TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def pooling_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
-    yield from start_stack(tmp_path_factory.mktemp("vllm-pooling"), POOLING_ARGS)
-
-
-@pytest.fixture(scope="module")
 def reference(
     tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
 ) -> list[dict[str, Any]]:
@@ -73,9 +68,20 @@ def reference(
         check=False,
     )
     if done.returncode != 0:
-        pytest.fail(f"vLLM's reference run failed:\n{done.stderr.decode()[-3000:]}")
+        pytest.fail(
+            f"vLLM's reference run failed (exit {done.returncode}):\n{done.stderr.decode()[-3000:]}"
+        )
     results: list[dict[str, Any]] = json.loads(out_path.read_text())["results"]
     return results
+
+
+@pytest.fixture(scope="module")
+def pooling_stack(
+    tmp_path_factory: pytest.TempPathFactory, reference: list[dict[str, Any]]
+) -> Iterator[VllmStack]:
+    """The pooling worker, started once vLLM's reference run has ended: never two vLLM
+    engines at once beside the rest of the suite on a 24 GiB, 2-core box."""
+    yield from start_stack(tmp_path_factory.mktemp("vllm-pooling"), POOLING_ARGS)
 
 
 @pytest.fixture
