@@ -16,7 +16,13 @@ from shared.models import SamplingParams
 from tests.lora_adapters import SPECS, make_adapter
 from tests.worker.engine.conftest import EngineFactory, TinyModels
 from tests.worker.engine.factories import load_workload
-from tests.worker.engine.quant_agreement import agreement, greedy_steps, workload_prompts
+from tests.worker.engine.quant_agreement import (
+    Agreement,
+    Steps,
+    agreement,
+    greedy_steps,
+    workload_prompts,
+)
 from tests.worker.engine.tiny_models import (
     SPECS_BY_NAME,
     load_reference_model,
@@ -36,6 +42,7 @@ from worker.engine.runner_support import native_bf16
 from worker.engine.self_check import W8A8_TOLERANCE, _engine_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+Prompts = list[tuple[list[int], int]]  # token ids and max_tokens (``workload_prompts``)
 NEEDS_W8A8 = pytest.mark.skipif(
     not w8a8_available(), reason="w8a8 needs fbgemm and VNNI: refused on this CPU"
 )
@@ -218,19 +225,39 @@ def test_embeddings_of_the_int8_engine_are_close_to_fp32s(make_engine: EngineFac
         assert functional.cosine_similarity(fp32, int8, dim=0) > 0.99
 
 
+@pytest.fixture(scope="module")
+def mixed32_fp32(make_engine: EngineFactory, tokenizer: Any) -> tuple[Prompts, list[Steps]]:
+    """mixed32's prompts and the fp32 engine's greedy steps on them, the reference of
+    every agreement test below (computed once)."""
+    prompts_ = workload_prompts(tokenizer, load_workload("mixed32.jsonl"))
+    return prompts_, greedy_steps(make_engine(), prompts_)
+
+
+def against_fp32(
+    mixed32_fp32: tuple[Prompts, list[Steps]],
+    engine: Engine,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+) -> Agreement:
+    """``engine``'s agreement with fp32 on mixed32, printed."""
+    prompts_, expected = mixed32_fp32
+    result = agreement(expected, greedy_steps(engine, prompts_))
+    with capsys.disabled():
+        print(f"\n{name} against fp32 on mixed32: {result.summary()}")
+    return result
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_default_model_in_int8_agrees_with_fp32_on_mixed32(
-    make_engine: EngineFactory, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+    make_engine: EngineFactory,
+    mixed32_fp32: tuple[Prompts, list[Steps]],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    prompts_ = workload_prompts(tokenizer, load_workload("mixed32.jsonl"))
-    expected = greedy_steps(make_engine(), prompts_)
     # At most four rows a step: the decode steps read int8 (more would read the
     # dequantized weights through the fp32 matmul).
     int8 = make_engine(quantization="int8", max_num_seqs=MAX_INT8_ROWS)
-    result = agreement(expected, greedy_steps(int8, prompts_))
-    with capsys.disabled():
-        print(f"\nint8 against fp32 on mixed32: {result.summary()}")
+    result = against_fp32(mixed32_fp32, int8, "int8", capsys)
     assert result.share_identical >= MIN_SHARE_IDENTICAL
     assert result.share_tokens >= MIN_SHARE_TOKENS
     assert result.max_logprob_error <= MAX_LOGPROB_ERROR
@@ -241,14 +268,12 @@ def test_the_default_model_in_int8_agrees_with_fp32_on_mixed32(
 @pytest.mark.timeout(900)
 @NEEDS_W8A8
 def test_the_default_model_in_w8a8_agrees_with_fp32_on_mixed32(
-    make_engine: EngineFactory, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+    make_engine: EngineFactory,
+    mixed32_fp32: tuple[Prompts, list[Steps]],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    prompts_ = workload_prompts(tokenizer, load_workload("mixed32.jsonl"))
-    expected = greedy_steps(make_engine(), prompts_)
     w8a8 = make_engine(quantization="w8a8", max_num_seqs=MAX_INT8_ROWS)
-    result = agreement(expected, greedy_steps(w8a8, prompts_))
-    with capsys.disabled():
-        print(f"\nw8a8 against fp32 on mixed32: {result.summary()}")
+    result = against_fp32(mixed32_fp32, w8a8, "w8a8", capsys)
     assert result.share_tokens >= W8A8_MIN_SHARE_TOKENS
     assert result.max_logprob_error <= W8A8_MAX_LOGPROB_ERROR
     assert result.mean_logprob_error <= W8A8_MAX_MEAN_LOGPROB_ERROR
@@ -258,13 +283,11 @@ def test_the_default_model_in_w8a8_agrees_with_fp32_on_mixed32(
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16: bf16 is refused")
 def test_the_default_model_in_bf16_agrees_with_fp32_on_mixed32(
-    make_engine: EngineFactory, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+    make_engine: EngineFactory,
+    mixed32_fp32: tuple[Prompts, list[Steps]],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    prompts_ = workload_prompts(tokenizer, load_workload("mixed32.jsonl"))
-    expected = greedy_steps(make_engine(), prompts_)
-    result = agreement(expected, greedy_steps(make_engine(dtype="bfloat16"), prompts_))
-    with capsys.disabled():
-        print(f"\nbf16 against fp32 on mixed32: {result.summary()}")
+    result = against_fp32(mixed32_fp32, make_engine(dtype="bfloat16"), "bf16", capsys)
     assert result.share_identical >= MIN_SHARE_IDENTICAL
     assert result.share_tokens >= MIN_SHARE_TOKENS
     assert result.max_logprob_error <= MAX_LOGPROB_ERROR
