@@ -109,13 +109,21 @@ def test_prompt_logprobs_on_completions_and_chat(
     client: openai.OpenAI, prompt_ids: list[int], want: list[PromptScore], default_model_dir: Path
 ) -> None:
     reply = client.completions.create(
-        model=DEFAULT_MODEL, prompt=PROMPT, max_tokens=2, extra_body={"prompt_logprobs": 2}
+        model=DEFAULT_MODEL,
+        prompt=PROMPT,
+        max_tokens=2,
+        temperature=0,
+        extra_body={"prompt_logprobs": 2},
     )
     _vllm_scores(reply.choices[0].model_extra["prompt_logprobs"], prompt_ids, want, 2)  # type: ignore[index]
     assert reply.choices[0].logprobs is None and reply.choices[0].text
     messages: Any = [{"role": "user", "content": PROMPT}]
     chat = client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=messages, max_tokens=2, extra_body={"prompt_logprobs": 1}
+        model=DEFAULT_MODEL,
+        messages=messages,
+        max_tokens=2,
+        temperature=0,
+        extra_body={"prompt_logprobs": 1},
     )
     tokenizer: Any = AutoTokenizer.from_pretrained(default_model_dir)
     chat_ids = list(

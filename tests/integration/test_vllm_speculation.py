@@ -56,7 +56,9 @@ def test_speculative_acceptance_and_preemptions_are_shown(
         wait_until(lambda: serving(connection, worker.pid), START_TIMEOUT_S, "the vLLM worker")
         with Client(redis_server.url) as client:
             messages = [{"role": "user", "content": COPY}]
-            handle = client.submit(model=DEFAULT_MODEL, messages=messages, max_tokens=48)
+            handle = client.submit(
+                model=DEFAULT_MODEL, messages=messages, max_tokens=48, temperature=0
+            )
             assert handle.result(timeout=600).error is None
         keys = Keys()
         (worker_id,) = [text(w) for w in connection.zrange(keys.workers(), 0, -1)]
