@@ -30,9 +30,10 @@ def served(model: str, worker_flags: tuple[str, ...], num_threads: int) -> Itera
         raise SystemExit("--served needs redis-server (make redis-server)")
     worker = gateway = None
     try:
-        # The worker has no thread option: torch takes its number from OpenMP's.
+        # The forward's threads by the worker's option, and OpenMP's for the rest of it.
         env = {"OMP_NUM_THREADS": str(num_threads)}
-        worker = start_worker(server.url, "cpu", model, flags=worker_flags, env=env)
+        flags = (*worker_flags, "--num-threads", str(num_threads))
+        worker = start_worker(server.url, "cpu", model, flags=flags, env=env)
         wait_ready(redis.Redis.from_url(server.url), Settings(redis_url=server.url))
         gateway, url = start_gateway(server.url)
         yield url

@@ -6,6 +6,11 @@ input-grounded workload of its own (summaries, code edits, extraction:
     python bench/speculative.py                     # 2 rounds, one thread, k=4
     python bench/speculative.py --rounds 3 --num-speculative-tokens 3
     python bench/speculative.py --streams 1 2 4 8 16 --rounds 2
+    python bench/speculative.py --draft-model SmolLM2-135M-Instruct --draft-quantization w8a8
+
+``--draft-model NAME`` proposes with that model (method ``draft_model``) instead of
+n-grams, its weights quantized by ``--draft-quantization`` where given: the default
+model in ``w8a8`` drafts for itself in fp32, the only draft at hand sharing its tokenizer.
 
 Each request runs alone (one stream) on one engine, then on the other, so a busy
 neighbour slows both alike: compare the ratio, not absolutes across runs. Both
@@ -38,7 +43,7 @@ import torch
 
 from shared.models import SamplingParams
 from worker.engine import Engine, EngineConfig, EngineRequest
-from worker.engine.config import CPU_DEFAULTS
+from worker.engine.config import CPU_DEFAULTS, QUANTIZATION_METHODS
 from worker.engine.speculative.config import SpeculativeConfig
 from worker.model_store import resolve_model
 
@@ -49,9 +54,12 @@ Workload = list[tuple[str, list[int], int]]
 
 
 def load(name: str, engine: Engine) -> Workload:
-    """Each row's task, chat prompt as token ids, and max_tokens."""
+    """Each row's task (where it names one), chat prompt as token ids, and max_tokens."""
     rows = [json.loads(line) for line in (WORKLOADS / name).read_text().splitlines() if line]
-    return [(row["task"], engine.encode_chat(row["messages"]), row["max_tokens"]) for row in rows]
+    return [
+        (row.get("task", ""), engine.encode_chat(row["messages"]), row["max_tokens"])
+        for row in rows
+    ]
 
 
 def one_stream_round(plain: Engine, spec: Engine, workload: Workload) -> dict[str, float]:
@@ -81,6 +89,8 @@ def main() -> None:
     parser.add_argument(
         "--streams", type=int, nargs="+", default=[], metavar="N", help="e.g. 1 2 4 8 16"
     )
+    parser.add_argument("--draft-model", help="propose with this model instead of n-grams")
+    parser.add_argument("--draft-quantization", choices=QUANTIZATION_METHODS)
     parser.add_argument("--batch-sizes", default="", help="the same as --streams, as 1,2,4,8")
     parser.add_argument("--no-one-stream", action="store_true", help="--streams only")
     parser.add_argument(
@@ -90,6 +100,8 @@ def main() -> None:
     sizes = args.streams + [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     if args.rounds < 1 or any(size < 1 for size in sizes):
         parser.error("--rounds and every number of streams must be at least 1")
+    if args.draft_quantization and not args.draft_model:
+        parser.error("--draft-quantization quantizes the --draft-model: name one")
     model = str(resolve_model(args.model))
     # N streams run at once: room for all of them in a step and in the KV cache.
     config = EngineConfig(
@@ -99,10 +111,13 @@ def main() -> None:
         max_num_seqs=max([CPU_MAX_NUM_SEQS, *sizes]),
     )
     speculative = SpeculativeConfig(
+        method="ngram" if args.draft_model is None else "draft_model",
         num_speculative_tokens=args.num_speculative_tokens,
         prompt_lookup_max=args.prompt_lookup_max,
         prompt_lookup_min=args.prompt_lookup_min,
         disable_by_batch_size=1 << 20,  # measured at every batch size here
+        model=None if args.draft_model is None else str(resolve_model(args.draft_model)),
+        quantization=args.draft_quantization,
     )
     plain, spec = Engine(config), Engine(replace(config, speculative_config=speculative))
     workload = load(args.workload, plain)

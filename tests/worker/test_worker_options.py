@@ -59,6 +59,15 @@ def test_quantization_reaches_the_engine_config_and_a_wrong_one_is_refused_by_na
         assert "--quantization" in shown.output
 
 
+def test_num_threads_reaches_the_engine_config_and_zero_is_refused() -> None:
+    config = engine_config("org/model", Flags.defaults(EngineConfig, num_threads=1))
+    assert isinstance(config, EngineConfig) and config.num_threads == 1
+    result = CliRunner().invoke(app, ["worker", "--model", "org/model", "--num-threads", "0"])
+    assert result.exit_code == 2 and "num_threads must be an integer of at least 1" in result.output
+    shown = CliRunner().invoke(app, ["worker", "--help"], terminal_width=200)
+    assert "--num-threads" in shown.output
+
+
 def test_speculative_config_reaches_the_engine_config_and_a_wrong_one_is_refused() -> None:
     json = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
     flags = Flags.defaults(WorkerOptions, EngineConfig, speculative_config=json)

@@ -105,7 +105,10 @@ class EngineConfig:
     aging_interval_s: float = 1.0
     num_lookahead_slots: int = 4
     max_num_resumed_seqs: int = 16
-    num_threads: int | None = None
+    num_threads: int | None = field(
+        default=None,
+        metadata={"help": "CPU threads for the model's forward (default: torch's, one a core)"},
+    )
     fuse_layers: bool = True
     ttft_priority: int | None = 100
     max_model_len: int | None = field(
@@ -234,6 +237,12 @@ class EngineConfig:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or None, "
                 f"got {self.quantization!r}"
+            )
+        draft_quantization = getattr(self.speculative_config, "quantization", None)
+        if draft_quantization is not None and draft_quantization not in QUANTIZATION_METHODS:
+            raise ValueError(
+                "speculative_config: quantization must be one of "
+                f"{', '.join(QUANTIZATION_METHODS)}, got {draft_quantization!r}"
             )
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError(

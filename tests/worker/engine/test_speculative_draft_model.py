@@ -19,14 +19,16 @@ from tests.worker.engine.speculative_helpers import (
 )
 from tests.worker.engine.tiny_models import SPECS_BY_NAME, build_model, make_config
 from worker.engine import Engine, EngineConfig
+from worker.engine.quantization import Int8Projection
 from worker.engine.speculative.config import SpeculativeConfig
 
 VOCAB_SIZE = 49152  # the default model's
 
 
-def _draft(model: str | Path) -> SpeculativeConfig:
+def _draft(model: str | Path, quantization: str | None = None) -> SpeculativeConfig:
+    weights = "" if quantization is None else f', "quantization": "{quantization}"'
     return SpeculativeConfig.from_json(
-        f'{{"model": "{model}", "num_speculative_tokens": 3, "disable_by_batch_size": 64}}'
+        f'{{"model": "{model}", "num_speculative_tokens": 3, "disable_by_batch_size": 64{weights}}}'
     )
 
 
@@ -51,6 +53,38 @@ def test_the_target_as_its_own_draft_keeps_almost_every_draft(
     last = requests_for(prompts[:1], max_tokens=2)
     spec.generate(last)
     assert set(shadows) <= {last[0].request_id}
+
+
+def test_the_target_quantized_is_its_own_draft_and_the_output_stays_the_targets(
+    make_engine: EngineFactory, model_path: str
+) -> None:
+    plain = make_engine()
+    spec = make_engine(speculative_config=_draft(model_path, "int8"))
+    assert spec.speculator is not None
+    draft = spec.speculator.proposer.runner  # type: ignore[attr-defined]
+    assert draft.quantization == "int8" and spec.runner.quantization is None
+    assert isinstance(draft.forward_fn.lm_head, Int8Projection)
+    assert not isinstance(getattr(spec.runner.forward_fn, "lm_head", None), Int8Projection)
+    prompts = [chat(plain, text) for text in (*REPEATING[:2], *NOVEL)]
+    kwargs = {"max_tokens": 24, "logprobs": 1, "ignore_eos": True}
+    expected = plain.generate(requests_for(prompts, **kwargs))
+    before = spec.stats()
+    got = spec.generate(requests_for(prompts, **kwargs))
+    for request_id, outputs in expected.items():
+        assert tokens_of(got[request_id]) == tokens_of(outputs)
+        assert logprobs_of(got[request_id]) == pytest.approx(logprobs_of(outputs), abs=2e-3)
+    proposed, kept = accepted_since(spec, before)
+    # 8-bit weights choose the fp32 model's token almost always.
+    assert proposed > 0 and kept / proposed > 0.7
+
+
+def test_a_draft_models_quantization_is_checked_at_start_up(model_path: str) -> None:
+    config = SpeculativeConfig.from_json('{"model": "small", "quantization": "w8a8"}')
+    assert (config.method, config.quantization) == ("draft_model", "w8a8")
+    with pytest.raises(ValueError, match="quantization applies to a draft model"):
+        SpeculativeConfig.from_json('{"method": "ngram", "quantization": "int8"}')
+    with pytest.raises(ValueError, match="quantization must be one of int8, w8a8, got 'fp8'"):
+        EngineConfig(model=model_path, speculative_config=_draft(model_path, "fp8"))
 
 
 @pytest.fixture(scope="module")

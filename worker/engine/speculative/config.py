@@ -1,7 +1,9 @@
 """The operator's ``--speculative-config``: vLLM's JSON shape, checked once at start-up.
 
 ``{"model": PATH, "num_speculative_tokens": 4}`` (method ``draft_model``) proposes with
-a small model that shares the target's tokenizer, greedily, one forward a token.
+a small model that shares the target's tokenizer, greedily, one forward a token;
+``"quantization": "w8a8"`` (or ``"int8"``, vLLM's key of the same name) loads that
+draft with 8-bit weights, so the target itself, quantized, can be its own faster draft.
 
 ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 "prompt_lookup_min": 2}`` proposes, for each sequence, up to ``num_speculative_tokens``
@@ -36,14 +38,21 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
-    # method "draft_model": the draft model's name or path (its tokenizer the target's).
+    # method "draft_model": the draft model's name or path (its tokenizer the target's),
+    # and how its weights are quantized at load (``EngineConfig.quantization``'s methods).
     model: str | None = None
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if (self.method == "draft_model") != (self.model is not None):
             raise ValueError(
                 "speculative_config: a draft model is named by model, with method "
                 f"draft_model (got method {self.method!r}, model {self.model!r})"
+            )
+        if self.quantization is not None and self.model is None:
+            raise ValueError(
+                "speculative_config: quantization applies to a draft model: name one by "
+                f"model (got quantization {self.quantization!r} with method {self.method!r})"
             )
         if self.method not in METHODS:
             raise ValueError(

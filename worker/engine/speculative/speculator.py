@@ -249,7 +249,11 @@ def draft_model_proposer(
     spec = config.speculative_config
     assert spec is not None and spec.model is not None
     draft_config = replace(
-        config, model=spec.model, speculative_config=None, max_loras=0, quantization=None
+        config,
+        model=spec.model,
+        speculative_config=None,
+        max_loras=0,
+        quantization=spec.quantization,
     )
     draft = ModelRunner(draft_config, resolve_model(spec.model))
     same_tokens = draft.tokenizer.get_vocab() == runner.tokenizer.get_vocab()
