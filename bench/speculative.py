@@ -49,23 +49,20 @@ from worker.model_store import resolve_model
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 CPU_MAX_NUM_SEQS = CPU_DEFAULTS["max_num_seqs"]
-# Each request's task, chat prompt as token ids, and max_tokens.
-Workload = list[tuple[str, list[int], int]]
+# Each request's chat prompt as token ids, and max_tokens.
+Workload = list[tuple[list[int], int]]
 
 
 def load(name: str, engine: Engine) -> Workload:
-    """Each row's task (where it names one), chat prompt as token ids, and max_tokens."""
+    """Each row's chat prompt as token ids, and max_tokens."""
     rows = [json.loads(line) for line in (WORKLOADS / name).read_text().splitlines() if line]
-    return [
-        (row.get("task", ""), engine.encode_chat(row["messages"]), row["max_tokens"])
-        for row in rows
-    ]
+    return [(engine.encode_chat(row["messages"]), row["max_tokens"]) for row in rows]
 
 
 def one_stream_round(plain: Engine, spec: Engine, workload: Workload) -> dict[str, float]:
     """Every request alone on each engine in turn; tokens/s of each, and agreement."""
     totals = {"plain_s": 0.0, "spec_s": 0.0, "tokens": 0.0, "steps": 0.0, "mismatches": 0.0}
-    for _, prompt, max_tokens in workload:
+    for prompt, max_tokens in workload:
         (expected,), plain_s = run_group(plain, [(prompt, max_tokens)])
         steps_before = spec.num_steps
         (got,), spec_s = run_group(spec, [(prompt, max_tokens)])
@@ -156,11 +153,11 @@ def one_stream(plain: Engine, spec: Engine, workload: Workload, rounds: int) -> 
     )
 
 
-def groups(workload: Workload, num_streams: int) -> list[list[tuple[list[int], int]]]:
+def groups(workload: Workload, num_streams: int) -> list[Workload]:
     """The workload's (prompt, max_tokens) in groups of ``num_streams``, cycled so that
     every request runs and the last group is full."""
     count = -(-max(len(workload), num_streams) // num_streams) * num_streams
-    rows = [workload[i % len(workload)][1:] for i in range(count)]
+    rows = [workload[i % len(workload)] for i in range(count)]
     return [rows[i : i + num_streams] for i in range(0, count, num_streams)]
 
 

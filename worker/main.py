@@ -25,7 +25,7 @@ from shared.registry import GUIDED_FIELD, LIMITS_FIELD, withdraw_failed_worker
 from shared.settings import Settings
 from shared.version import VERSION
 from worker.chat_template import chat_features
-from worker.engine.config import EngineConfig
+from worker.engine.config import QUANTIZATION_METHODS, EngineConfig
 from worker.engine.errors import ModelLoadError
 from worker.engine.speculative.config import SpeculativeConfig
 from worker.engine_process import EngineProcess
@@ -96,9 +96,15 @@ def _vllm_shared(flags: Flags) -> dict[str, Any]:
     text = flags.values.get("speculative_config")
     if text is not None:
         try:
-            shared["speculative_config"] = orjson.loads(text)
+            shared["speculative_config"] = spec = orjson.loads(text)
         except orjson.JSONDecodeError as e:
             raise ValueError(f"--speculative-config: not valid JSON ({e}): {text!r}") from e
+        if isinstance(spec, dict) and spec.get("quantization") in QUANTIZATION_METHODS:
+            raise ValueError(
+                f"--speculative-config: quantization {spec['quantization']!r} quantizes a draft "
+                "at load in the built-in engine only; vLLM's key names the method a draft "
+                "checkpoint was quantized with"
+            )
     return shared
 
 

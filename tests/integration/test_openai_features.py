@@ -180,8 +180,13 @@ def test_n_choices_come_with_indexes_and_summed_usage(client: openai.OpenAI) -> 
     reply = chat(client, n=3, max_tokens=8, temperature=1.0, seed=1)
     assert [c.index for c in reply.choices] == [0, 1, 2]
     assert reply.usage is not None
-    stream = chat(  # seeded: each choice's text is the same every run, and not empty
-        client, n=2, max_tokens=6, seed=2, stream=True, stream_options={"include_usage": True}
+    stream = chat(  # sampled: an end-of-sequence token must not leave a choice empty
+        client,
+        n=2,
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     )
     texts: dict[int, str] = {0: "", 1: ""}
     usage = None

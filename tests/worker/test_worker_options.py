@@ -90,6 +90,11 @@ def test_speculative_config_reaches_vllm_as_the_same_json() -> None:
     assert shared == {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
     with pytest.raises(ValueError, match="--speculative-config: not valid JSON"):
         _vllm_shared(Flags({**flags.values, "speculative_config": "{ngram"}))
+    draft = '{"model": "small", "quantization": "w8a8"}'  # the built-in engine's method
+    with pytest.raises(ValueError, match="quantization 'w8a8' quantizes a draft at load"):
+        _vllm_shared(Flags({**flags.values, "speculative_config": draft}))
+    draft = '{"model": "small-awq", "quantization": "awq"}'  # vLLM's: passed through
+    assert _vllm_shared(Flags({**flags.values, "speculative_config": draft}))
 
 
 def test_a_pooling_vllm_worker_takes_the_built_in_engines_pooling(

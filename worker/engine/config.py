@@ -107,7 +107,10 @@ class EngineConfig:
     max_num_resumed_seqs: int = 16
     num_threads: int | None = field(
         default=None,
-        metadata={"help": "CPU threads for the model's forward (default: torch's, one a core)"},
+        metadata={
+            "help": "built-in engine: CPU threads for the forward (default: torch's, "
+            "OMP_NUM_THREADS or one a core)"
+        },
     )
     fuse_layers: bool = True
     ttft_priority: int | None = 100
@@ -238,11 +241,12 @@ class EngineConfig:
                 f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or None, "
                 f"got {self.quantization!r}"
             )
-        draft_quantization = getattr(self.speculative_config, "quantization", None)
-        if draft_quantization is not None and draft_quantization not in QUANTIZATION_METHODS:
+        spec = self.speculative_config
+        if spec is not None and spec.quantization not in (None, *QUANTIZATION_METHODS):
             raise ValueError(
-                "speculative_config: quantization must be one of "
-                f"{', '.join(QUANTIZATION_METHODS)}, got {draft_quantization!r}"
+                "speculative_config: quantization (the draft model's, at load) must be one of "
+                f"{', '.join(QUANTIZATION_METHODS)}, got {spec.quantization!r}; leave it out "
+                "for a draft checkpoint that is quantized already"
             )
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError(

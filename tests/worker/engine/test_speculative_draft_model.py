@@ -19,6 +19,7 @@ from tests.worker.engine.speculative_helpers import (
 )
 from tests.worker.engine.tiny_models import SPECS_BY_NAME, build_model, make_config
 from worker.engine import Engine, EngineConfig
+from worker.engine.errors import UnsupportedModel
 from worker.engine.quantization import Int8Projection
 from worker.engine.speculative.config import SpeculativeConfig
 
@@ -83,8 +84,22 @@ def test_a_draft_models_quantization_is_checked_at_start_up(model_path: str) -> 
     assert (config.method, config.quantization) == ("draft_model", "w8a8")
     with pytest.raises(ValueError, match="quantization applies to a draft model"):
         SpeculativeConfig.from_json('{"method": "ngram", "quantization": "int8"}')
-    with pytest.raises(ValueError, match="quantization must be one of int8, w8a8, got 'fp8'"):
+    with pytest.raises(ValueError, match="must be one of int8, w8a8, got 'fp8'"):
         EngineConfig(model=model_path, speculative_config=_draft(model_path, "fp8"))
+
+
+def test_a_draft_quantization_the_cpu_cannot_run_is_refused_as_the_drafts(
+    monkeypatch: pytest.MonkeyPatch, tiny_models: TinyModels
+) -> None:
+    from worker.engine import quantization
+
+    monkeypatch.setattr(quantization, "w8a8_available", lambda: False)
+    tiny = tiny_models(SPECS_BY_NAME["llama"])
+    config = EngineConfig(
+        model=str(tiny), device="cpu", kv_cache_mib=2, speculative_config=_draft(tiny, "w8a8")
+    )
+    with pytest.raises(UnsupportedModel, match="draft model cannot load with quantization 'w8a8'"):
+        Engine(config)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from worker.engine.config import EngineConfig
+from worker.engine.errors import UnsupportedModel
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
@@ -255,7 +256,15 @@ def draft_model_proposer(
         max_loras=0,
         quantization=spec.quantization,
     )
-    draft = ModelRunner(draft_config, resolve_model(spec.model))
+    try:
+        draft = ModelRunner(draft_config, resolve_model(spec.model))
+    except UnsupportedModel as e:
+        if spec.quantization is None:
+            raise
+        raise UnsupportedModel(
+            f"speculative_config: the draft model cannot load with quantization "
+            f"{spec.quantization!r}: {e}"
+        ) from e
     same_tokens = draft.tokenizer.get_vocab() == runner.tokenizer.get_vocab()
     if not same_tokens or draft.vocab_size != runner.vocab_size:
         raise ValueError(
