@@ -11,6 +11,7 @@ vLLM's vector.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -33,6 +34,13 @@ def main(model_dir: str, texts_path: str, out_path: str, pairs: list[str]) -> No
     ]
     with open(out_path, "w") as out:
         json.dump({"results": results}, out)
+    del llm  # vLLM shuts its engine core down here
+    # The pooling runner leaves a native thread joinable, and the interpreter's own exit
+    # then aborts ("terminate called without an active exception", exit -6) in about
+    # two runs of three: the results are written, so leave without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

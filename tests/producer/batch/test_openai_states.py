@@ -102,6 +102,15 @@ def test_pages_of_batches_follow_after(make_batches: Callable[..., Batches]) -> 
     assert ([b.id for b in rest.items], rest.has_more) == ([made[0]], False)
 
 
+def test_batches_made_in_one_millisecond_still_list_newest_first(
+    make_batches: Callable[..., Batches],
+) -> None:
+    batches = make_batches()
+    made = [batches.submit(jsonl(1)) for _ in range(20)]  # several a millisecond
+    listed = batches.page(20)
+    assert [b.id for b in listed.items] == made[::-1] and not listed.has_more
+
+
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
