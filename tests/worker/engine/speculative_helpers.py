@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.worker.engine.conftest import EngineFactory
 from tests.worker.engine.factories import make_request
 from worker.engine import Engine, EngineRequest, RequestOutput
@@ -21,6 +23,9 @@ REPEATING = (
 )
 # ... and prompts whose answers do not.
 NOVEL = ("Write one line about the sea.", "Name a famous city.")
+
+
+Outputs = dict[str, list[RequestOutput]]  # by request id
 
 
 def speculative_engine(make_engine: EngineFactory) -> Engine:
@@ -45,6 +50,21 @@ def run_all(engine: Engine, requests: list[EngineRequest]) -> dict[str, list[Req
 
 def requests_for(prompts: list[list[int]], **kwargs: Any) -> list[EngineRequest]:
     return [make_request(p, request_id=f"p{i}", **kwargs) for i, p in enumerate(prompts)]
+
+
+def same_as_without(
+    plain: Engine, spec: Engine, prompts: list[list[int]], **kwargs: Any
+) -> tuple[Outputs, Outputs, int, int]:
+    """``plain``'s and ``spec``'s outputs of ``prompts``, checked equal token for token
+    (and logprob for logprob, within 2e-3), and the draft tokens ``spec`` proposed and
+    kept."""
+    expected = plain.generate(requests_for(prompts, **kwargs))
+    before = spec.stats()
+    got = spec.generate(requests_for(prompts, **kwargs))
+    for request_id, outputs in expected.items():
+        assert tokens_of(got[request_id]) == tokens_of(outputs)
+        assert logprobs_of(got[request_id]) == pytest.approx(logprobs_of(outputs), abs=2e-3)
+    return (expected, got, *accepted_since(spec, before))
 
 
 def accepted_since(engine: Engine, before: dict[str, float]) -> tuple[int, int]:

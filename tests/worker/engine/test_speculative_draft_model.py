@@ -13,8 +13,8 @@ from tests.worker.engine.speculative_helpers import (
     REPEATING,
     accepted_since,
     chat,
-    logprobs_of,
     requests_for,
+    same_as_without,
     tokens_of,
 )
 from tests.worker.engine.tiny_models import SPECS_BY_NAME, build_model, make_config
@@ -39,14 +39,7 @@ def test_the_target_as_its_own_draft_keeps_almost_every_draft(
     plain = make_engine()
     spec = make_engine(speculative_config=_draft(model_path))
     prompts = [chat(plain, text) for text in (*REPEATING[:2], *NOVEL)]
-    kwargs = {"max_tokens": 24, "logprobs": 1}
-    expected = plain.generate(requests_for(prompts, **kwargs))
-    before = spec.stats()
-    got = spec.generate(requests_for(prompts, **kwargs))
-    for request_id, outputs in expected.items():
-        assert tokens_of(got[request_id]) == tokens_of(outputs)
-        assert logprobs_of(got[request_id]) == pytest.approx(logprobs_of(outputs), abs=2e-3)
-    proposed, kept = accepted_since(spec, before)
+    _, _, proposed, kept = same_as_without(plain, spec, prompts, max_tokens=24, logprobs=1)
     assert proposed > 0 and kept / proposed > 0.9
     # Shadows of finished sequences are let go at the next step.
     assert spec.speculator is not None
@@ -68,13 +61,7 @@ def test_the_target_quantized_is_its_own_draft_and_the_output_stays_the_targets(
     assert not isinstance(getattr(spec.runner.forward_fn, "lm_head", None), Int8Projection)
     prompts = [chat(plain, text) for text in (*REPEATING[:2], *NOVEL)]
     kwargs = {"max_tokens": 24, "logprobs": 1, "ignore_eos": True}
-    expected = plain.generate(requests_for(prompts, **kwargs))
-    before = spec.stats()
-    got = spec.generate(requests_for(prompts, **kwargs))
-    for request_id, outputs in expected.items():
-        assert tokens_of(got[request_id]) == tokens_of(outputs)
-        assert logprobs_of(got[request_id]) == pytest.approx(logprobs_of(outputs), abs=2e-3)
-    proposed, kept = accepted_since(spec, before)
+    _, _, proposed, kept = same_as_without(plain, spec, prompts, **kwargs)
     # 8-bit weights choose the fp32 model's token almost always.
     assert proposed > 0 and kept / proposed > 0.7
 

@@ -2,8 +2,9 @@
 
 ``{"model": PATH, "num_speculative_tokens": 4}`` (method ``draft_model``) proposes with
 a small model that shares the target's tokenizer, greedily, one forward a token;
-``"quantization": "w8a8"`` (or ``"int8"``, vLLM's key of the same name) loads that
-draft with 8-bit weights, so the target itself, quantized, can be its own faster draft.
+``"quantization": "w8a8"`` (or ``"int8"``) quantizes that draft's weights at load, so the
+target itself, quantized, can be its own faster draft. (vLLM's key of that name names
+the method a draft checkpoint was quantized with; ``worker.main`` refuses these two there.)
 
 ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 "prompt_lookup_min": 2}`` proposes, for each sequence, up to ``num_speculative_tokens``
