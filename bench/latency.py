@@ -32,10 +32,12 @@ slots). bench/README.md says how to build llama-server from PyPI's sources.
 ``--served`` also runs the request through a real redis-server, a `tokenq worker`
 (fp32, one thread) and the HTTP gateway, as a streaming OpenAI chat completion read
 over loopback (``bench/served_stream.py``), and prints served / the engine alone (the
-median of the rounds' ratios). ``--vllm`` also runs it on vLLM's engine (``.venv-vllm``,
-``make vllm-setup``; started once, fp32, one OpenMP thread, stepped as
-``LLM.generate`` steps it: ``bench/vllm_stream.py``), with engine arguments as
-``--vllm-arg KEY=VALUE``, and prints tokenq / vLLM per engine.
+median of the rounds' ratios); ``--served-flag FLAG`` adds a flag to that worker
+(``--served-flag=--engine-process``: the engine in a process of its own). ``--vllm``
+also runs it on vLLM's engine (``.venv-vllm``, ``make vllm-setup``; started once,
+fp32, one OpenMP thread, stepped as ``LLM.generate`` steps it:
+``bench/vllm_stream.py``), with engine arguments as ``--vllm-arg KEY=VALUE``, and
+prints tokenq / vLLM per engine.
 """
 
 from __future__ import annotations
@@ -230,7 +232,7 @@ def peer_streams(servers: contextlib.ExitStack, args: argparse.Namespace) -> dic
     """``--served`` and ``--vllm``: each started once, in ``servers``."""
     streams: dict[str, Stream] = {}
     if args.served:
-        flags = ("--kv-cache-mib", str(KV_CACHE_MIB))
+        flags = ("--kv-cache-mib", str(KV_CACHE_MIB), *args.served_flag)
         url = servers.enter_context(served_stream.served(args.model, flags, num_threads=1))
         messages = [{"role": "user", "content": PROMPT}]
         streams[SERVED] = lambda _, num_tokens: served_stream.one_stream(
@@ -311,6 +313,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--served", action="store_true", help="also through Redis, a worker and the gateway"
     )
+    parser.add_argument(
+        "--served-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="with --served, a flag for its worker (--served-flag=--engine-process)",
+    )
     parser.add_argument("--vllm", action="store_true", help="also vLLM's engine (.venv-vllm)")
     parser.add_argument(
         "--vllm-arg", action="append", default=[], metavar="KEY=VALUE", help="with --vllm"
@@ -318,6 +327,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.vllm_arg and not args.vllm:
         parser.error("--vllm-arg needs --vllm")
+    if args.served_flag and not args.served:
+        parser.error("--served-flag needs --served")
     if args.rounds < 1 or args.tokens < 2 or args.burst < 0:
         parser.error("--rounds must be at least 1, --tokens at least 2, --burst at least 0")
     server = args.llama_server

@@ -13,6 +13,15 @@ head) timed alone, one thread, at 1, 4 and 8 rows, through every candidate torch
 
     python bench/projection_kernels.py              # rows 1 4 8
     python bench/projection_kernels.py --rows 1
+    python bench/projection_kernels.py --rows 1 --from-memory
+
+``--from-memory`` times a step as the engine reads it instead: every layer's projections
+held as weights of their own (30 layers' worth, and the LM head), each called once a
+pass, so every byte comes from memory, not the caches. Beside each kernel it prints the
+bytes its weights hold, the rate it read them at, and two bounds: the time this CPU
+takes to stream the same bytes (a plain sum over a buffer that size: the floor for a
+step bound by reading its weights) and the kernel's fixed cost, one call on a 64 x 64
+weight, paid once per projection a step.
 
 Each figure is the mean of many calls on one weight, which then sits in the CPU's
 caches: a whole step, which reads every layer's weights once, is slower. The sum
@@ -109,6 +118,12 @@ def kernels(weight: torch.Tensor) -> dict[str, Kernel]:
     return found
 
 
+# Bytes each kernel's weights hold per value (the scales and packing aside).
+BYTES_PER_VALUE = {"fp32": 4.0, "int8": 1.0, "w8a8": 1.0, "int4": 0.5, "bf16": 2.0}
+PASSES = 10
+FIXED_COST_SIDE = 64  # the weight whose call is all fixed cost
+
+
 def time_ms(kernel: Kernel, x: torch.Tensor) -> float:
     for _ in range(WARM_UP_CALLS):
         kernel(x)
@@ -118,15 +133,64 @@ def time_ms(kernel: Kernel, x: torch.Tensor) -> float:
     return (time.perf_counter() - started) / CALLS * 1e3
 
 
+def stream_ms(num_bytes: int) -> float:
+    """How long this CPU takes to read ``num_bytes`` once, streaming (a sum over them)."""
+    buffer = torch.ones(num_bytes // 8, dtype=torch.int64)
+    return _timed(buffer.sum)
+
+
+def _timed(call: Callable[[], object], passes: int = PASSES) -> float:
+    call()
+    started = time.perf_counter()
+    for _ in range(passes):
+        call()
+    return (time.perf_counter() - started) / passes * 1e3
+
+
+def from_memory(shapes: dict[str, tuple[int, int, int]], rows: int) -> None:
+    """A step's projections read from memory, kernel by kernel, against the floor."""
+    weights = [
+        (kernels(torch.randn(out_features, in_features) * 0.02), torch.randn(rows, in_features))
+        for out_features, in_features, times in shapes.values()
+        for _ in range(times)
+    ]
+    values = sum(out * inp * times for out, inp, times in shapes.values())
+    fixed = kernels(torch.randn(FIXED_COST_SIDE, FIXED_COST_SIDE))
+    tiny = torch.randn(rows, FIXED_COST_SIDE)
+    print(f"{rows} row(s), a step's {len(weights)} projections read from memory, one thread")
+    for name in weights[0][0]:
+
+        def one_pass(name: str = name) -> None:
+            for found, x in weights:
+                found[name](x)
+
+        ms = _timed(one_pass)
+        num_bytes = int(values * BYTES_PER_VALUE[name])
+        floor = stream_ms(num_bytes)
+        fixed_us = time_ms(fixed[name], tiny) * 1e3
+        print(
+            f"  {name:5s} {ms:6.1f} ms a step  {num_bytes / 1e6:5.0f} MB at "
+            f"{num_bytes / ms / 1e6:5.1f} GB/s  streaming them: {floor:5.1f} ms "
+            f"({ms / floor:4.2f}x that)  fixed cost {fixed_us:5.1f} us a call "
+            f"({fixed_us * len(weights) / 1e3:4.1f} ms a step)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument(
+        "--from-memory", action="store_true", help="a whole step's weights, read from memory"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     shapes = projections(args.model)
     for rows in args.rows:
+        if args.from_memory:
+            from_memory(shapes, rows)
+            continue
         step: dict[str, float] = {}
         print(f"{rows} row(s): ms per call, one thread")
         for name, (out_features, in_features, times) in shapes.items():

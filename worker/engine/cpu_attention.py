@@ -49,7 +49,8 @@ def group_by_length(context_lens: list[int]) -> list[list[int]]:
 @dataclass
 class Context:
     """What some query tokens read: cache ``slots`` (None: the chunk's own new keys and
-    values) and ``mask`` (True: attend; None: plain causal over the chunk itself)."""
+    values) and ``mask`` (True: attend; None: nothing to hide, that is decode rows whose
+    contexts all fill the width, or plain causal over a chunk's own keys and values)."""
 
     slots: torch.Tensor | None
     mask: torch.Tensor | None
@@ -92,6 +93,9 @@ class CpuStep:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
     ) -> torch.Tensor:
         k_cache, v_cache = write_kv(self.key_cache[layer], self.value_cache[layer], self, k, v)
+        if not self.prefills and len(self.decode_groups) == 1:
+            # Every token is a decode row of the one group, in order (``CpuBackend.step``).
+            return _decode(q, k_cache, v_cache, self.decode_groups[0].contexts[spec.window], spec)
         out = torch.empty_like(q)
         for group in self.decode_groups:
             context = group.contexts[spec.window]
@@ -117,7 +121,7 @@ def _decode(
 ) -> torch.Tensor:
     """One query per row against its gathered context. Query heads sharing a KV head
     become that head's query rows, so grouped-query attention needs no repeated keys."""
-    assert context.slots is not None and context.mask is not None
+    assert context.slots is not None
     num_rows, context_len = context.slots.shape
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     slots = context.slots.view(-1)
@@ -125,13 +129,15 @@ def _decode(
     keys = k_cache.index_select(0, slots).view(shape).transpose(1, 2)
     values = v_cache.index_select(0, slots).view(shape).transpose(1, 2)
     rows = q.view(num_rows, num_kv_heads, -1, head_dim)  # [rows, kv_heads, group, dim]
-    mask = context.mask[:, None, None, :]
+    mask = None if context.mask is None else context.mask[:, None, None, :]
     if spec.plain:
         attn = functional.scaled_dot_product_attention(
             rows, keys, values, attn_mask=mask, scale=spec.scale
         )
         return attn.reshape(num_rows, -1, head_dim)
-    out = masked_attention(rows[:, :, :, None], keys, values, mask[..., None, :], spec)
+    if mask is not None:
+        mask = mask[..., None, :]
+    out = masked_attention(rows[:, :, :, None], keys, values, mask, spec)
     return out.reshape(num_rows, -1, head_dim)
 
 
@@ -169,17 +175,18 @@ def masked_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     spec: AttentionSpec,
 ) -> torch.Tensor:
     """Attention as transformers' eager forward computes it, with soft-cap and sinks:
     ``q`` ``[batch, kv_heads, group, queries, dim]``, ``keys`` and ``values``
     ``[batch, kv_heads, context, dim]``, ``mask`` broadcast to the scores
-    ``[batch, kv_heads, group, queries, context]`` (True: attend)."""
+    ``[batch, kv_heads, group, queries, context]`` (True: attend; None: every key)."""
     scores = torch.matmul(q, keys[:, :, None].transpose(-1, -2)) * spec.scale
     if spec.softcap is not None:
         scores = torch.tanh(scores / spec.softcap) * spec.softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     if spec.sinks is not None:
         sinks = spec.sinks.to(scores.dtype).view(1, q.shape[1], q.shape[2], 1, 1)
         scores = torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1)
@@ -210,7 +217,9 @@ class CpuBackend:
     def step(self, inputs: StepInputs) -> CpuStep:
         decode = [r for r, n in enumerate(inputs.row_num_tokens) if n == 1]
         lens = [inputs.row_start_pos[r] + 1 for r in decode]
-        groups = [[decode[i] for i in group] for group in group_by_length(lens)]
+        # Each group's rows in step order: a step of decode rows alone in one group then
+        # has its tokens in the group's order, and attends with no scatter back.
+        groups = [sorted(decode[i] for i in group) for group in group_by_length(lens)]
         chunks = [r for r, n in enumerate(inputs.row_num_tokens) if n > 1]
         return CpuStep(
             self.key_cache,
@@ -243,11 +252,14 @@ class CpuBackend:
         padded = [[*t[:num_blocks], *[null_block] * (num_blocks - len(t))] for t in tables]
         width = max(e - s for s, e in zip(starts, ends, strict=True))
         positions = self._tensor(starts)[:, None] + torch.arange(width, device=self.device)
-        valid = positions < self._tensor(ends)[:, None]
+        full = all(e - s == width for s, e in zip(starts, ends, strict=True))
+        valid = None if full else positions < self._tensor(ends)[:, None]
         positions = positions.clamp(max=num_blocks * size - 1)
         blocks = self._tensor(padded).gather(1, positions // size)
-        slots = (blocks * size + positions % size).masked_fill(~valid, self.null_slot)
-        return Context(slots, valid)
+        slots = blocks * size + positions % size
+        if valid is None:
+            return Context(slots, None)  # no padding to hide: SDPA without a mask costs less
+        return Context(slots.masked_fill(~valid, self.null_slot), valid)
 
     def _prefill_chunk(self, inputs: StepInputs, row: int) -> PrefillChunk:
         start, num_tokens = inputs.row_starts[row], inputs.row_num_tokens[row]

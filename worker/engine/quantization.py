@@ -20,7 +20,8 @@ Two methods share those weights and differ in what a step of up to
   ``bench/latency.py --agreement`` prints both). It needs torch's fbgemm and a CPU
   whose int8 dot product does not saturate (VNNI: ``avx512_vnni``, ``avx_vnni``,
   ``amx_int8``) and is refused elsewhere. Rows go one at a time, so a row's result
-  never depends on the other rows of its step (fbgemm would give them one range).
+  never depends on the other rows of its step (fbgemm would give them one range);
+  a draft model's rows go together (:func:`rows_together`).
 
 Past :data:`MAX_INT8_ROWS` (a prefill chunk, a batch of decodes) those kernels are
 slower than the fp32 oneDNN matmul, so a larger step reads the dequantized weights
@@ -117,6 +118,7 @@ class Int8Projection(Projection):
         super().__init__(weight, bias)
         self.int8 = int8
         self.dynamic = dynamic
+        self.rows_apart = True  # w8a8: each row's activations over their own range
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         width = x.shape[-1]
@@ -129,9 +131,9 @@ class Int8Projection(Projection):
         if not self.dynamic:
             out = torch.ops.aten._weight_int8pack_mm(flat.to(KERNEL_DTYPE), values, scales)
         elif isinstance(values, FakeTensor):  # traced (``worker.engine.compiled``)
-            out = torch.ops.tokenq.w8a8_linear(flat, values)
+            out = torch.ops.tokenq.w8a8_linear(flat, values, self.rows_apart)
         else:
-            out = w8a8_linear_rows(flat, values)
+            out = w8a8_linear_rows(flat, values, self.rows_apart)
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
@@ -166,12 +168,13 @@ def _pack(int8: Int8Weight) -> None:
     weakref.finalize(int8.values, _PACKED.pop, key, None)
 
 
-def w8a8_linear_rows(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[rows, in]`` times the packed int8 weight of ``values`` ``[out, in]``, each
-    row's activations quantized over their own range, in fp32."""
+def w8a8_linear_rows(x: torch.Tensor, values: torch.Tensor, apart: bool = True) -> torch.Tensor:
+    """``x`` ``[rows, in]`` times the packed int8 weight of ``values`` ``[out, in]``, in
+    fp32: each row's activations quantized over their own range (``apart``), or all
+    rows' over one range in one call."""
     packed = _PACKED[values.data_ptr()]
     x = x.float()
-    if x.shape[0] == 1:
+    if x.shape[0] == 1 or not apart:
         out: torch.Tensor = torch.ops.quantized.linear_dynamic(x, packed, False)
         return out
     rows = [x[i : i + 1] for i in range(x.shape[0])]
@@ -179,13 +182,13 @@ def w8a8_linear_rows(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("tokenq::w8a8_linear", mutates_args=())
-def w8a8_linear(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def w8a8_linear(x: torch.Tensor, values: torch.Tensor, apart: bool) -> torch.Tensor:
     """:func:`w8a8_linear_rows` as one op of a compiled graph."""
-    return w8a8_linear_rows(x, values)
+    return w8a8_linear_rows(x, values, apart)
 
 
 @w8a8_linear.register_fake
-def _(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, values: torch.Tensor, apart: bool) -> torch.Tensor:
     return x.new_empty((x.shape[0], values.shape[0]), dtype=torch.float32)
 
 
@@ -260,12 +263,7 @@ def quantize_forward(
         done.append(quantized)
         return quantized
 
-    for layer in forward.layers:
-        if isinstance(layer.mixer, Attention):
-            layer.mixer.qkv = quantize(layer.mixer.qkv)
-            layer.mixer.o = quantize(layer.mixer.o)
-        _quantize_mlp(layer.mlp, quantize)
-    forward.lm_head = quantize(forward.lm_head)
+    _map_projections(forward, quantize)
     int8 = [p.int8 for p in done if isinstance(p, Int8Projection)]
     log.info(
         "quantized %d of %d projections to int8 for %s (%d MiB of int8 weights; %d read "
@@ -276,6 +274,33 @@ def quantize_forward(
         sum(w.num_bytes for w in int8) >> 20,
         len(read),
     )
+
+
+def rows_together(forward: DecoderModel | GenericForward) -> None:
+    """A draft model's ``w8a8`` projections: a step's rows quantized over one range, in
+    one fbgemm call, rather than a call per row. A draft only proposes tokens, which
+    the target verifies, so its rows may depend on each other; each speculative step
+    starts its draft on the two or more tokens the target gained, and pays for one
+    call instead of one per token."""
+
+    def together(projection: Projection) -> Projection:
+        if isinstance(projection, Int8Projection):
+            projection.rows_apart = False
+        return projection
+
+    if isinstance(forward, DecoderModel):
+        _map_projections(forward, together)
+
+
+def _map_projections(forward: DecoderModel, change: Callable[[Projection], Projection]) -> None:
+    """Each projection of the fused forward (every layer's, the LM head) as ``change``
+    makes it."""
+    for layer in forward.layers:
+        if isinstance(layer.mixer, Attention):
+            layer.mixer.qkv = change(layer.mixer.qkv)
+            layer.mixer.o = change(layer.mixer.o)
+        _map_mlp(layer.mlp, change)
+    forward.lm_head = change(forward.lm_head)
 
 
 def _noting(prequantized: Prequantized, read: list[Int8Weight]) -> Prequantized:
@@ -290,14 +315,14 @@ def _noting(prequantized: Prequantized, read: list[Int8Weight]) -> Prequantized:
     return lookup
 
 
-def _quantize_mlp(
-    mlp: GatedMLP | SparseMoe | SharedExpertMoe, quantize: Callable[[Projection], Projection]
+def _map_mlp(
+    mlp: GatedMLP | SparseMoe | SharedExpertMoe, change: Callable[[Projection], Projection]
 ) -> None:
     if isinstance(mlp, SharedExpertMoe):
-        _quantize_mlp(mlp.shared, quantize)
-        _quantize_mlp(mlp.sparse, quantize)
+        _map_mlp(mlp.shared, change)
+        _map_mlp(mlp.sparse, change)
     elif isinstance(mlp, GatedMLP):
-        mlp.gate_up = quantize(mlp.gate_up)
-        mlp.down = quantize(mlp.down)
+        mlp.gate_up = change(mlp.gate_up)
+        mlp.down = change(mlp.down)
     elif mlp.packed is not None:  # the experts as projections (fp32 on the CPU)
-        mlp.packed = [(quantize(a), quantize(b)) for a, b in mlp.packed]
+        mlp.packed = [(change(a), change(b)) for a, b in mlp.packed]

@@ -30,11 +30,13 @@ from tests.worker.engine.tiny_models import (
 )
 from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.engine.errors import UnsupportedModel
+from worker.engine.models.decoder import DecoderModel
 from worker.engine.models.layers import Projection
 from worker.engine.quantization import (
     MAX_INT8_ROWS,
     Int8Projection,
     quantize_projection,
+    rows_together,
     w8a8_available,
 )
 from worker.engine.request import LoraRef
@@ -145,6 +147,22 @@ def test_w8a8_quantizes_each_row_over_its_own_range() -> None:
     # The activations really are rounded to 8 bits: bf16 activations come closer.
     int8 = quantize_projection(Projection(weight.clone()))
     assert (alone - expected).abs().max() > (int8(small) - expected).abs().max()
+
+
+@NEEDS_W8A8
+def test_a_draft_models_w8a8_rows_share_one_range_and_one_call() -> None:
+    torch.manual_seed(0)
+    projection = quantize_projection(Projection(torch.randn(96, 64)), method="w8a8")
+    model = DecoderModel.__new__(DecoderModel)  # a fused forward of no layers, a head
+    model.layers, model.lm_head = [], projection
+    rows_together(model)
+    assert isinstance(projection, Int8Projection) and not projection.rows_apart
+    small, large = torch.randn(1, 64), 1000 * torch.randn(1, 64)
+    together = projection(torch.cat([small, large]))
+    # One call over both rows: the small row is rounded to the large row's range.
+    assert not torch.equal(together[:1], projection(small))
+    projection.rows_apart = True
+    assert torch.equal(projection(torch.cat([small, large]))[:1], projection(small))
 
 
 def test_w8a8_is_refused_where_the_cpu_cannot_run_it(

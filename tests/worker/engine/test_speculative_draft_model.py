@@ -58,6 +58,7 @@ def test_the_target_quantized_is_its_own_draft_and_the_output_stays_the_targets(
     draft = spec.speculator.proposer.runner  # type: ignore[attr-defined]
     assert draft.quantization == "int8" and spec.runner.quantization is None
     assert isinstance(draft.forward_fn.lm_head, Int8Projection)
+    assert not draft.forward_fn.lm_head.rows_apart  # a draft's rows share one call
     assert not isinstance(getattr(spec.runner.forward_fn, "lm_head", None), Int8Projection)
     prompts = [chat(plain, text) for text in (*REPEATING[:2], *NOVEL)]
     kwargs = {"max_tokens": 24, "logprobs": 1, "ignore_eos": True}

@@ -27,6 +27,7 @@ from worker.engine.errors import UnsupportedModel
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
+from worker.engine.quantization import rows_together
 from worker.engine.request import Sequence
 from worker.engine.sampler import GREEDY, SamplingRow, sampling_row
 from worker.engine.speculative.config import SpeculativeConfig
@@ -272,5 +273,6 @@ def draft_model_proposer(
             f"model's tokenizer and vocabulary ({draft.vocab_size} ids against "
             f"{runner.vocab_size}); name a draft model of the same family"
         )
+    rows_together(draft.forward_fn)
     draft.allocate_kv_cache(kv_cache.num_blocks)
     return DraftModelProposer(draft, kv_cache.num_blocks, kv_cache.block_size)
