@@ -86,7 +86,7 @@ def _attend(lens: list[int], spec: AttentionSpec) -> tuple[CpuStep, torch.Tensor
         if spec.softcap is not None:
             scores = torch.tanh(scores / spec.softcap) * spec.softcap
         expected.append(torch.einsum("hc,chd->hd", scores.softmax(-1), values))
-    windows = set() if spec.window is None else {spec.window}
+    windows: set[int | None] = set() if spec.window is None else {spec.window}
     step = CpuBackend([k_cache], [v_cache], BLOCK_SIZE, NULL_SLOT, windows).step(inputs)
     return step, step.attend(0, q, k, v, spec), torch.stack(expected)
 
