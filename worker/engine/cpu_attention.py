@@ -123,6 +123,7 @@ def _decode(
     become that head's query rows, so grouped-query attention needs no repeated keys."""
     assert context.slots is not None
     num_rows, context_len = context.slots.shape
+    assert q.shape[0] == num_rows, "one query token per decode row"
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     slots = context.slots.view(-1)
     shape = (num_rows, context_len, num_kv_heads, head_dim)

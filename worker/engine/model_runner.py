@@ -48,7 +48,7 @@ from worker.engine.overlap import (
     timed_pack,
     to_host,
 )
-from worker.engine.quantization import Prequantized, quantize_forward
+from worker.engine.quantization import Prequantized, quantize_forward, rows_together
 from worker.engine.runner_support import (
     available_host_bytes,
     eos_token_ids,
@@ -75,7 +75,9 @@ __all__ = ["ModelRunner", "pick_device"]
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_path: str | Path) -> None:
+    def __init__(self, config: EngineConfig, model_path: str | Path, draft: bool = False) -> None:
+        """``draft``: the runner of a speculative draft model, whose quantized rows go
+        through their kernels together (``worker.engine.quantization.rows_together``)."""
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
         if config.num_threads:
@@ -97,6 +99,8 @@ class ModelRunner:
             config.model,
             self._prequantized(config.quantization, model_path),
         )
+        if draft:  # before compiling: the compiled graphs keep how rows go
+            rows_together(self.forward_fn)
         if config.compile:
             self._compile(config)
         text_config = self.model.config.get_text_config()

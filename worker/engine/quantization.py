@@ -284,7 +284,7 @@ def rows_together(forward: DecoderModel | GenericForward) -> None:
     call instead of one per token."""
 
     def together(projection: Projection) -> Projection:
-        if isinstance(projection, Int8Projection):
+        if isinstance(projection, Int8Projection) and projection.dynamic:
             projection.rows_apart = False
         return projection
 

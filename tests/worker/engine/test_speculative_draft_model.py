@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.worker.engine.conftest import EngineFactory, TinyModels
 from tests.worker.engine.speculative_helpers import (
@@ -20,7 +21,7 @@ from tests.worker.engine.speculative_helpers import (
 from tests.worker.engine.tiny_models import SPECS_BY_NAME, build_model, make_config
 from worker.engine import Engine, EngineConfig
 from worker.engine.errors import UnsupportedModel
-from worker.engine.quantization import Int8Projection
+from worker.engine.quantization import Int8Projection, w8a8_available
 from worker.engine.speculative.config import SpeculativeConfig
 
 VOCAB_SIZE = 49152  # the default model's
@@ -58,7 +59,6 @@ def test_the_target_quantized_is_its_own_draft_and_the_output_stays_the_targets(
     draft = spec.speculator.proposer.runner  # type: ignore[attr-defined]
     assert draft.quantization == "int8" and spec.runner.quantization is None
     assert isinstance(draft.forward_fn.lm_head, Int8Projection)
-    assert not draft.forward_fn.lm_head.rows_apart  # a draft's rows share one call
     assert not isinstance(getattr(spec.runner.forward_fn, "lm_head", None), Int8Projection)
     prompts = [chat(plain, text) for text in (*REPEATING[:2], *NOVEL)]
     kwargs = {"max_tokens": 24, "logprobs": 1, "ignore_eos": True}
@@ -88,6 +88,40 @@ def test_a_draft_quantization_the_cpu_cannot_run_is_refused_as_the_drafts(
     )
     with pytest.raises(UnsupportedModel, match="draft model cannot load with quantization 'w8a8'"):
         Engine(config)
+
+
+@pytest.mark.skipif(not w8a8_available(), reason="w8a8 needs fbgemm and VNNI: refused here")
+def test_a_compiled_w8a8_drafts_rows_go_through_fbgemm_together(
+    monkeypatch: pytest.MonkeyPatch, tiny_models: TinyModels
+) -> None:
+    from worker.engine import quantization
+
+    calls: list[tuple[int, bool]] = []  # each fbgemm call's rows, and whether one at a time
+    real = quantization.w8a8_linear_rows
+
+    def recorded(x: torch.Tensor, values: torch.Tensor, apart: bool = True) -> torch.Tensor:
+        calls.append((x.shape[0], apart))
+        return real(x, values, apart)
+
+    monkeypatch.setattr(quantization, "w8a8_linear_rows", recorded)
+    tiny = tiny_models(SPECS_BY_NAME["llama"])
+    engine = Engine(
+        EngineConfig(
+            model=str(tiny),
+            device="cpu",
+            kv_cache_mib=2,
+            compile=True,
+            compile_max_tokens=4,
+            speculative_config=_draft(tiny, "w8a8"),
+        )
+    )
+    assert engine.speculator is not None
+    draft = engine.speculator.proposer.runner  # type: ignore[attr-defined]
+    assert draft.forward_fn.compiled is not None  # the draft's layers run compiled
+    engine.generate(requests_for([[5, 6, 7]], max_tokens=12, ignore_eos=True))
+    # The target is fp32: every call is the draft's, and several rows went in one.
+    assert any(rows > 1 for rows, _ in calls)
+    assert all(not apart for _, apart in calls)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,6 @@ from worker.engine.errors import UnsupportedModel
 from worker.engine.kv_cache import KVCacheManager
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
-from worker.engine.quantization import rows_together
 from worker.engine.request import Sequence
 from worker.engine.sampler import GREEDY, SamplingRow, sampling_row
 from worker.engine.speculative.config import SpeculativeConfig
@@ -258,7 +257,7 @@ def draft_model_proposer(
         quantization=spec.quantization,
     )
     try:
-        draft = ModelRunner(draft_config, resolve_model(spec.model))
+        draft = ModelRunner(draft_config, resolve_model(spec.model), draft=True)
     except UnsupportedModel as e:
         if spec.quantization is None:
             raise
@@ -273,6 +272,5 @@ def draft_model_proposer(
             f"model's tokenizer and vocabulary ({draft.vocab_size} ids against "
             f"{runner.vocab_size}); name a draft model of the same family"
         )
-    rows_together(draft.forward_fn)
     draft.allocate_kv_cache(kv_cache.num_blocks)
     return DraftModelProposer(draft, kv_cache.num_blocks, kv_cache.block_size)
