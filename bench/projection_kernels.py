@@ -124,27 +124,24 @@ PASSES = 10
 FIXED_COST_SIDE = 64  # the weight whose call is all fixed cost
 
 
-def time_ms(kernel: Kernel, x: torch.Tensor) -> float:
-    for _ in range(WARM_UP_CALLS):
-        kernel(x)
+def timed_ms(call: Callable[[], object], calls: int = PASSES, warm_up: int = 1) -> float:
+    """The mean time of ``call``, in ms, after ``warm_up`` calls."""
+    for _ in range(warm_up):
+        call()
     started = time.perf_counter()
-    for _ in range(CALLS):
-        kernel(x)
-    return (time.perf_counter() - started) / CALLS * 1e3
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - started) / calls * 1e3
+
+
+def time_ms(kernel: Kernel, x: torch.Tensor) -> float:
+    return timed_ms(lambda: kernel(x), CALLS, WARM_UP_CALLS)
 
 
 def stream_ms(num_bytes: int) -> float:
     """How long this CPU takes to read ``num_bytes`` once, streaming (a sum over them)."""
     buffer = torch.ones(num_bytes // 8, dtype=torch.int64)
-    return _timed(buffer.sum)
-
-
-def _timed(call: Callable[[], object], passes: int = PASSES) -> float:
-    call()
-    started = time.perf_counter()
-    for _ in range(passes):
-        call()
-    return (time.perf_counter() - started) / passes * 1e3
+    return timed_ms(buffer.sum)
 
 
 def from_memory(shapes: dict[str, tuple[int, int, int]], rows: int) -> None:
@@ -164,7 +161,7 @@ def from_memory(shapes: dict[str, tuple[int, int, int]], rows: int) -> None:
             for found, x in weights:
                 found[name](x)
 
-        ms = _timed(one_pass)
+        ms = timed_ms(one_pass)
         num_bytes = int(values * BYTES_PER_VALUE[name])
         floor = stream_ms(num_bytes)
         fixed_us = time_ms(fixed[name], tiny) * 1e3

@@ -130,14 +130,18 @@ def _decode(
     keys = k_cache.index_select(0, slots).view(shape).transpose(1, 2)
     values = v_cache.index_select(0, slots).view(shape).transpose(1, 2)
     rows = q.view(num_rows, num_kv_heads, -1, head_dim)  # [rows, kv_heads, group, dim]
-    mask = None if context.mask is None else context.mask[:, None, None, :]
+    mask = context.mask  # [rows, context], broadcast over heads, groups (and queries)
     if spec.plain:
         attn = functional.scaled_dot_product_attention(
-            rows, keys, values, attn_mask=mask, scale=spec.scale
+            rows,
+            keys,
+            values,
+            attn_mask=None if mask is None else mask[:, None, None, :],
+            scale=spec.scale,
         )
         return attn.reshape(num_rows, -1, head_dim)
     if mask is not None:
-        mask = mask[..., None, :]
+        mask = mask[:, None, None, None, :]
     out = masked_attention(rows[:, :, :, None], keys, values, mask, spec)
     return out.reshape(num_rows, -1, head_dim)
 

@@ -48,7 +48,7 @@ from worker.engine.overlap import (
     timed_pack,
     to_host,
 )
-from worker.engine.quantization import Prequantized, quantize_forward, rows_together
+from worker.engine.quantization import Prequantized, quantize_forward
 from worker.engine.runner_support import (
     available_host_bytes,
     eos_token_ids,
@@ -76,8 +76,8 @@ __all__ = ["ModelRunner", "pick_device"]
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_path: str | Path, draft: bool = False) -> None:
-        """``draft``: the runner of a speculative draft model, whose quantized rows go
-        through their kernels together (``worker.engine.quantization.rows_together``)."""
+        """``draft``: the runner of a speculative draft model, whose w8a8 rows go through
+        their kernel together (``worker.engine.quantization.quantize_forward``)."""
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
         if config.num_threads:
@@ -98,9 +98,8 @@ class ModelRunner:
             config.quantization,
             config.model,
             self._prequantized(config.quantization, model_path),
+            rows_apart=not draft,
         )
-        if draft:  # before compiling: the compiled graphs keep how rows go
-            rows_together(self.forward_fn)
         if config.compile:
             self._compile(config)
         text_config = self.model.config.get_text_config()

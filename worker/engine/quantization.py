@@ -21,7 +21,7 @@ Two methods share those weights and differ in what a step of up to
   whose int8 dot product does not saturate (VNNI: ``avx512_vnni``, ``avx_vnni``,
   ``amx_int8``) and is refused elsewhere. Rows go one at a time, so a row's result
   never depends on the other rows of its step (fbgemm would give them one range);
-  a draft model's rows go together (:func:`rows_together`).
+  a draft model's rows go together (``quantize_forward``'s ``rows_apart``).
 
 Past :data:`MAX_INT8_ROWS` (a prefill chunk, a batch of decodes) those kernels are
 slower than the fp32 oneDNN matmul, so a larger step reads the dequantized weights
@@ -113,12 +113,17 @@ class Int8Projection(Projection):
     weights dequantized (the base class's oneDNN path) for more."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, int8: Int8Weight, dynamic: bool
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        int8: Int8Weight,
+        dynamic: bool,
+        rows_apart: bool = True,
     ):
         super().__init__(weight, bias)
         self.int8 = int8
         self.dynamic = dynamic
-        self.rows_apart = True  # w8a8: each row's activations over their own range
+        self.rows_apart = rows_apart  # w8a8: each row's activations over their own range
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         width = x.shape[-1]
@@ -197,11 +202,15 @@ Prequantized = Callable[[torch.Tensor], "Int8Weight | None"]
 
 
 def quantize_projection(
-    projection: Projection, prequantized: Prequantized | None = None, method: str = "int8"
+    projection: Projection,
+    prequantized: Prequantized | None = None,
+    method: str = "int8",
+    rows_apart: bool = True,
 ) -> Projection:
     """``projection`` in int8 for ``method`` (``prequantized``'s weights where it has
     them, else quantized from the weight), its weight (and the model's views of it)
-    overwritten with the dequantized values; unchanged where the kernel cannot take it."""
+    overwritten with the dequantized values; unchanged where the kernel cannot take it.
+    ``rows_apart``: w8a8 quantizes each row's activations over their own range."""
     weight = projection.weight
     if isinstance(projection, Int8Projection) or not _kernel_takes(weight):
         return projection
@@ -215,7 +224,7 @@ def quantize_projection(
     dynamic = method == "w8a8"
     if dynamic:
         _pack(int8)
-    return Int8Projection(weight, projection.bias, int8, dynamic)
+    return Int8Projection(weight, projection.bias, int8, dynamic, rows_apart)
 
 
 def _kernel_takes(weight: torch.Tensor) -> bool:
@@ -231,10 +240,14 @@ def quantize_forward(
     method: str | None,
     name: str,
     prequantized: Prequantized | None = None,
+    rows_apart: bool = True,
 ) -> None:
     """Quantize the fused forward's projections by ``method`` (None: leave them), taking
     the int8 form ``prequantized`` has of a weight where it has one, or refuse where the
-    engine cannot serve it so."""
+    engine cannot serve it so. ``rows_apart=False`` is for a draft model's w8a8: a draft
+    only proposes tokens, which the target verifies, so its rows may depend on each
+    other, and a step's rows go through fbgemm in one call over one range (each
+    speculative step starts the draft on the two or more tokens the target gained)."""
     if method is None:
         return
     if not isinstance(forward, DecoderModel):
@@ -259,11 +272,16 @@ def quantize_forward(
         prequantized = _noting(prequantized, read)
 
     def quantize(projection: Projection) -> Projection:
-        quantized = quantize_projection(projection, prequantized, method)
+        quantized = quantize_projection(projection, prequantized, method, rows_apart)
         done.append(quantized)
         return quantized
 
-    _map_projections(forward, quantize)
+    for layer in forward.layers:
+        if isinstance(layer.mixer, Attention):
+            layer.mixer.qkv = quantize(layer.mixer.qkv)
+            layer.mixer.o = quantize(layer.mixer.o)
+        _quantize_mlp(layer.mlp, quantize)
+    forward.lm_head = quantize(forward.lm_head)
     int8 = [p.int8 for p in done if isinstance(p, Int8Projection)]
     log.info(
         "quantized %d of %d projections to int8 for %s (%d MiB of int8 weights; %d read "
@@ -274,33 +292,6 @@ def quantize_forward(
         sum(w.num_bytes for w in int8) >> 20,
         len(read),
     )
-
-
-def rows_together(forward: DecoderModel | GenericForward) -> None:
-    """A draft model's ``w8a8`` projections: a step's rows quantized over one range, in
-    one fbgemm call, rather than a call per row. A draft only proposes tokens, which
-    the target verifies, so its rows may depend on each other; each speculative step
-    starts its draft on the two or more tokens the target gained, and pays for one
-    call instead of one per token."""
-
-    def together(projection: Projection) -> Projection:
-        if isinstance(projection, Int8Projection) and projection.dynamic:
-            projection.rows_apart = False
-        return projection
-
-    if isinstance(forward, DecoderModel):
-        _map_projections(forward, together)
-
-
-def _map_projections(forward: DecoderModel, change: Callable[[Projection], Projection]) -> None:
-    """Each projection of the fused forward (every layer's, the LM head) as ``change``
-    makes it."""
-    for layer in forward.layers:
-        if isinstance(layer.mixer, Attention):
-            layer.mixer.qkv = change(layer.mixer.qkv)
-            layer.mixer.o = change(layer.mixer.o)
-        _map_mlp(layer.mlp, change)
-    forward.lm_head = change(forward.lm_head)
 
 
 def _noting(prequantized: Prequantized, read: list[Int8Weight]) -> Prequantized:
@@ -315,14 +306,14 @@ def _noting(prequantized: Prequantized, read: list[Int8Weight]) -> Prequantized:
     return lookup
 
 
-def _map_mlp(
-    mlp: GatedMLP | SparseMoe | SharedExpertMoe, change: Callable[[Projection], Projection]
+def _quantize_mlp(
+    mlp: GatedMLP | SparseMoe | SharedExpertMoe, quantize: Callable[[Projection], Projection]
 ) -> None:
     if isinstance(mlp, SharedExpertMoe):
-        _map_mlp(mlp.shared, change)
-        _map_mlp(mlp.sparse, change)
+        _quantize_mlp(mlp.shared, quantize)
+        _quantize_mlp(mlp.sparse, quantize)
     elif isinstance(mlp, GatedMLP):
-        mlp.gate_up = change(mlp.gate_up)
-        mlp.down = change(mlp.down)
+        mlp.gate_up = quantize(mlp.gate_up)
+        mlp.down = quantize(mlp.down)
     elif mlp.packed is not None:  # the experts as projections (fp32 on the CPU)
-        mlp.packed = [(change(a), change(b)) for a, b in mlp.packed]
+        mlp.packed = [(quantize(a), quantize(b)) for a, b in mlp.packed]

@@ -16,6 +16,7 @@ from tests.worker.engine.factories import load_workload
 from tests.worker.engine.reference import Reference, greedy_references
 from tests.worker.engine.tiny_models import TinySpec, save_tiny
 from worker.engine import Engine, EngineConfig
+from worker.engine.quantization import w8a8_available
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +34,10 @@ EngineFactory = Callable[..., Engine]
 # suite runs in one process on a 24 GiB machine, so the least recently used is let go
 # (loaded again if a later test asks for it).
 MAX_CACHED_ENGINES = 3
+
+NEEDS_W8A8 = pytest.mark.skipif(
+    not w8a8_available(), reason="w8a8 needs fbgemm and VNNI: refused on this CPU"
+)
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,7 @@ from worker.engine.errors import UnsupportedModel
 from worker.engine.models.decoder import DecoderModel
 from worker.engine.speculative.config import SpeculativeConfig
 
-from .conftest import TinyModels
-from .test_quantization import NEEDS_W8A8
+from .conftest import NEEDS_W8A8, TinyModels
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

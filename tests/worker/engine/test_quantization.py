@@ -14,7 +14,7 @@ from torch.nn import functional
 
 from shared.models import SamplingParams
 from tests.lora_adapters import SPECS, make_adapter
-from tests.worker.engine.conftest import EngineFactory, TinyModels
+from tests.worker.engine.conftest import NEEDS_W8A8, EngineFactory, TinyModels
 from tests.worker.engine.factories import load_workload
 from tests.worker.engine.quant_agreement import (
     Agreement,
@@ -30,14 +30,11 @@ from tests.worker.engine.tiny_models import (
 )
 from worker.engine import Engine, EngineConfig, EngineRequest
 from worker.engine.errors import UnsupportedModel
-from worker.engine.models.decoder import DecoderModel
 from worker.engine.models.layers import Projection
 from worker.engine.quantization import (
     MAX_INT8_ROWS,
     Int8Projection,
     quantize_projection,
-    rows_together,
-    w8a8_available,
 )
 from worker.engine.request import LoraRef
 from worker.engine.runner_support import native_bf16
@@ -45,9 +42,6 @@ from worker.engine.self_check import W8A8_TOLERANCE, _engine_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 Prompts = list[tuple[list[int], int]]  # token ids and max_tokens (``workload_prompts``)
-NEEDS_W8A8 = pytest.mark.skipif(
-    not w8a8_available(), reason="w8a8 needs fbgemm and VNNI: refused on this CPU"
-)
 
 MAX_TOKENS = 12
 # The int8 engine's logits against transformers' on the dequantized weights, as a
@@ -152,10 +146,8 @@ def test_w8a8_quantizes_each_row_over_its_own_range() -> None:
 @NEEDS_W8A8
 def test_a_draft_models_w8a8_rows_share_one_range_and_one_call() -> None:
     torch.manual_seed(0)
-    projection = quantize_projection(Projection(torch.randn(96, 64)), method="w8a8")
-    model = DecoderModel.__new__(DecoderModel)  # a fused forward of no layers, a head
-    model.layers, model.lm_head = [], projection
-    rows_together(model)
+    weight = torch.randn(96, 64)
+    projection = quantize_projection(Projection(weight), method="w8a8", rows_apart=False)
     assert isinstance(projection, Int8Projection) and not projection.rows_apart
     small, large = torch.randn(1, 64), 1000 * torch.randn(1, 64)
     together = projection(torch.cat([small, large]))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.engine.conftest import EngineFactory, TinyModels
+from tests.worker.engine.conftest import NEEDS_W8A8, EngineFactory, TinyModels
 from tests.worker.engine.speculative_helpers import (
     NOVEL,
     REPEATING,
@@ -21,7 +21,7 @@ from tests.worker.engine.speculative_helpers import (
 from tests.worker.engine.tiny_models import SPECS_BY_NAME, build_model, make_config
 from worker.engine import Engine, EngineConfig
 from worker.engine.errors import UnsupportedModel
-from worker.engine.quantization import Int8Projection, w8a8_available
+from worker.engine.quantization import Int8Projection
 from worker.engine.speculative.config import SpeculativeConfig
 
 VOCAB_SIZE = 49152  # the default model's
@@ -90,7 +90,7 @@ def test_a_draft_quantization_the_cpu_cannot_run_is_refused_as_the_drafts(
         Engine(config)
 
 
-@pytest.mark.skipif(not w8a8_available(), reason="w8a8 needs fbgemm and VNNI: refused here")
+@NEEDS_W8A8
 def test_a_compiled_w8a8_drafts_rows_go_through_fbgemm_together(
     monkeypatch: pytest.MonkeyPatch, tiny_models: TinyModels
 ) -> None:
