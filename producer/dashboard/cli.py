@@ -34,8 +34,7 @@ def dashboard(
 ) -> None:
     """Serve the admin dashboard at http://HOST:PORT/admin/ (token: TOKENQ_ADMIN_TOKEN;
     when unset, a one-off token is made and printed)."""
-    import uvicorn
-
+    from producer.bounded_server import serve_bounded
     from producer.dashboard.app import create_dashboard_app
 
     logging.basicConfig(
@@ -50,13 +49,13 @@ def dashboard(
     typer.echo(f"tokenq dashboard: {link}")
     app = create_dashboard_app(settings_for(redis_url), config)
     # Open live views (SSE) must not hold a SIGTERM for minutes: close them after a grace.
-    uvicorn.run(
+    serve_bounded(
         app,
+        graceful_s=GRACEFUL_SHUTDOWN_S,
         host=host,
         port=port,
         log_level=log_level.lower(),
         access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
 
 

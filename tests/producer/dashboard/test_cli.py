@@ -6,17 +6,19 @@ from typing import Any
 
 import pytest
 import typer
-import uvicorn
 from typer.testing import CliRunner
 
+from producer import bounded_server
 from producer.dashboard import cli
 
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """What `tokenq dashboard` would hand to uvicorn, without serving."""
+    """What `tokenq dashboard` would hand to the server, without serving."""
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr(
+        bounded_server, "serve_bounded", lambda app, **kw: seen.update(app=app, **kw)
+    )
     monkeypatch.delenv("TOKENQ_ADMIN_TOKEN", raising=False)
     return seen
 
@@ -34,6 +36,7 @@ def test_without_a_token_it_makes_a_one_off_and_prints_the_link(served: dict[str
     assert "made a one-off admin token" in output
     assert "http://127.0.0.1:8123/admin/#token=" in output
     assert served["port"] == 8123
+    assert served["graceful_s"] == cli.GRACEFUL_SHUTDOWN_S
 
 
 def test_with_a_token_the_link_carries_none(
