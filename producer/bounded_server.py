@@ -48,8 +48,12 @@ def serve_bounded(
             await super().shutdown(sockets)
 
         def arm(self) -> None:
-            if not self.armed:
-                self.armed = True
+            if self.armed:
+                return
+            self.armed = True
+            try:
                 faulthandler.dump_traceback_later(bound_s, exit=True)
+            except (RuntimeError, ValueError, OSError) as e:  # no usable stderr to write to
+                log.warning("the stop is not bounded: %s", e)
 
     BoundedServer(uvicorn.Config(app, timeout_graceful_shutdown=graceful_s, **config)).run()

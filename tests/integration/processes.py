@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 STOP_S = 60
+CLEAN_EXITS = (0, -signal.SIGTERM)  # drained and returned, or stopped by the signal
 LOG_TAIL_CHARS = 4000
 
 
 @contextmanager
 def started(commands: dict[str, list[str]], env: dict[str, str], log_dir: Path) -> Iterator[None]:
     """Each command as a process logging to ``log_dir/<name>.log``, all terminated (and
-    waited for) when the block ends. One that outlives ``STOP_S`` after SIGTERM is
-    killed, and the test fails with the end of its log."""
+    waited for) when the block ends. Unless the block itself failed, one that did not
+    stop cleanly (still running ``STOP_S`` after SIGTERM, so killed, or ended with
+    another status, such as a forced stop's 1) fails the test with the end of its log."""
     with ExitStack() as stack:
         procs: dict[str, subprocess.Popen[bytes]] = {}
         for name, cmd in commands.items():
@@ -23,23 +26,33 @@ def started(commands: dict[str, list[str]], env: dict[str, str], log_dir: Path) 
             procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             yield
-        finally:
-            for proc in procs.values():
-                proc.terminate()
-            held = [name for name, proc in procs.items() if not _stopped(proc)]
-            if held:
-                tails = "\n".join(f"--- {name}.log ---\n{_tail(log_dir, name)}" for name in held)
-                raise AssertionError(f"still running {STOP_S}s after SIGTERM: {held}\n{tails}")
+        except BaseException:
+            _stop(procs)
+            raise
+        unclean = _stop(procs)
+        if unclean:
+            tails = "\n".join(
+                f"--- {name}.log ({how}) ---\n{_tail(log_dir, name)}" for name, how in unclean
+            )
+            raise AssertionError(f"did not stop cleanly on SIGTERM:\n{tails}")
 
 
-def _stopped(proc: subprocess.Popen[bytes]) -> bool:
-    try:
-        proc.wait(timeout=STOP_S)
-        return True
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return False
+def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> list[tuple[str, str]]:
+    """Terminate every process and wait; those that did not stop cleanly, and how."""
+    for proc in procs.values():
+        proc.terminate()
+    unclean = []
+    for name, proc in procs.items():
+        try:
+            code = proc.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            unclean.append((name, f"still running {STOP_S}s after SIGTERM: killed"))
+            continue
+        if code not in CLEAN_EXITS:
+            unclean.append((name, f"exit status {code}"))
+    return unclean
 
 
 def _tail(log_dir: Path, name: str) -> str:
