@@ -52,9 +52,11 @@ DEQUANTIZED_TOLERANCE = {"int8": 6e-2, "w8a8": W8A8_TOLERANCE}
 # The default model on mixed32 (greedy, ignore_eos, up to 128 tokens) against the fp32
 # engine: the share of requests whose tokens are identical, the share of tokens before
 # each request's first difference, and the chosen token's logprob error over those.
-# Measured 8/32 identical, 35% of tokens, error max 0.41 and mean 0.049: one flip at a
-# near tie changes the rest of a long greedy continuation, so fp32 stays the default.
-MIN_SHARE_IDENTICAL = 0.2
+# Measured 8/32 identical, 35% of tokens, error max 0.41 and mean 0.049 (AVX512 box);
+# 6/32, 37%, 0.40 and 0.049 on an AVX2-only box: one flip at a near tie changes the
+# rest of a long greedy continuation, so fp32 stays the default, and which requests
+# meet such a tie moves with the CPU's kernels. Broken scales would share almost none.
+MIN_SHARE_IDENTICAL = 0.125
 MIN_SHARE_TOKENS = 0.3
 MAX_LOGPROB_ERROR = 0.6
 MAX_MEAN_LOGPROB_ERROR = 0.07
